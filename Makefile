@@ -1,0 +1,130 @@
+# settlement-operator Makefile, in the kubebuilder go/v4 tradition.
+
+IMG ?= settlement-operator:latest
+
+# Tool versions are pinned here; binaries are installed into ./bin on first use.
+CONTROLLER_TOOLS_VERSION ?= v0.23.0
+KUSTOMIZE_VERSION ?= v5.8.3
+
+LOCALBIN ?= $(shell pwd)/bin
+CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
+KUSTOMIZE ?= $(LOCALBIN)/kustomize-$(KUSTOMIZE_VERSION)
+
+# The control plane for tests (kube-apiserver, etcd, kubectl) matching k8s.io/api in
+# go.mod. hack/setup-envtest.sh finds it in setup-envtest's store, or builds it from
+# source the first time (several minutes), and prints its directory.
+ENVTEST_ASSETS = $(shell hack/setup-envtest.sh)
+
+# kubectl for install/deploy: the one on PATH, else the control plane's.
+KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo "$$(hack/setup-envtest.sh)/kubectl")
+
+GO_TEST_FLAGS ?=
+# How long each fuzz target runs inside `make test`.
+FUZZTIME ?= 3s
+
+SHELL = /usr/bin/env bash -o pipefail
+.SHELLFLAGS = -ec
+
+.PHONY: all
+all: build
+
+##@ General
+
+.PHONY: help
+help: ## Display this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "\nUsage:\n  make \033[36m<target>\033[0m\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) } ' $(MAKEFILE_LIST)
+
+.DEFAULT_GOAL := help
+
+##@ Development
+
+.PHONY: manifests
+manifests: controller-gen ## Generate CRDs and the manager's ClusterRole from the markers.
+	$(CONTROLLER_GEN) rbac:roleName=manager-role crd webhook paths="./..." output:crd:artifacts:config=config/crd/bases
+
+.PHONY: generate
+generate: controller-gen ## Generate DeepCopy methods.
+	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./..."
+
+.PHONY: fmt
+fmt: ## Run go fmt.
+	go fmt ./...
+
+.PHONY: vet
+vet: ## Run go vet.
+	go vet ./...
+
+.PHONY: envtest
+envtest: ## Obtain the test control plane (built from source on first use) and print its directory.
+	@hack/setup-envtest.sh
+
+.PHONY: test
+test: manifests generate fmt vet ## Generate, vet, then run unit tests, fuzz smoke tests and the envtest suites against a real API server.
+	@assets="$$(hack/setup-envtest.sh)"; \
+	echo "control plane: $$assets"; \
+	KUBEBUILDER_ASSETS="$$assets" go test $(GO_TEST_FLAGS) ./...
+	@$(MAKE) --no-print-directory fuzz-smoke
+
+.PHONY: fuzz-smoke
+fuzz-smoke: ## Run every fuzz target for $(FUZZTIME).
+	@for pkg in $$(go list ./internal/...); do \
+	  for f in $$(go test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+	    echo "fuzz $$pkg $$f ($(FUZZTIME))"; \
+	    go test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) $$pkg >/dev/null || { go test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) $$pkg; exit 1; }; \
+	  done; \
+	done
+
+##@ Build
+
+.PHONY: build
+build: manifests generate fmt vet ## Build the manager binary into bin/.
+	go build -o bin/manager ./cmd
+
+.PHONY: run
+run: manifests generate fmt vet ## Run the manager against the cluster in your kubeconfig.
+	go run ./cmd
+
+.PHONY: docker-build
+docker-build: ## Build the manager image (needs a Docker engine).
+	docker build -t $(IMG) .
+
+##@ Deployment
+
+.PHONY: install
+install: manifests ## Install the CRDs into the cluster in your kubeconfig (server-side apply: they exceed client-side apply's annotation limit).
+	$(KUBECTL) apply --server-side -f config/crd/bases
+
+.PHONY: uninstall
+uninstall: manifests ## Remove the CRDs (and every object of their kinds!) from the cluster.
+	$(KUBECTL) delete --ignore-not-found -f config/crd/bases
+
+.PHONY: deploy
+deploy: manifests kustomize ## Deploy the operator to the cluster in your kubeconfig.
+	cd config/manager && $(KUSTOMIZE) edit set image controller=$(IMG)
+	$(KUSTOMIZE) build config/default | $(KUBECTL) apply --server-side -f -
+
+.PHONY: undeploy
+undeploy: kustomize ## Remove the operator (not the CRDs' data) from the cluster.
+	$(KUSTOMIZE) build config/default | $(KUBECTL) delete --ignore-not-found -f -
+
+.PHONY: build-installer
+build-installer: manifests generate kustomize ## Write one dist/install.yaml with CRDs, RBAC and the Deployment.
+	mkdir -p dist
+	cd config/manager && $(KUSTOMIZE) edit set image controller=$(IMG)
+	$(KUSTOMIZE) build config/default > dist/install.yaml
+
+##@ Dependencies
+
+.PHONY: controller-gen
+controller-gen: $(CONTROLLER_GEN) ## Install controller-gen into bin/.
+$(CONTROLLER_GEN):
+	@mkdir -p $(LOCALBIN)
+	GOBIN=$(LOCALBIN) GOFLAGS= go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
+	mv $(LOCALBIN)/controller-gen $(CONTROLLER_GEN)
+
+.PHONY: kustomize
+kustomize: $(KUSTOMIZE) ## Install kustomize into bin/.
+$(KUSTOMIZE):
+	@mkdir -p $(LOCALBIN)
+	GOBIN=$(LOCALBIN) GOFLAGS= go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+	mv $(LOCALBIN)/kustomize $(KUSTOMIZE)

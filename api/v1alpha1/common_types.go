@@ -1,0 +1,155 @@
+package v1alpha1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+// Labels and annotations link objects without ownerReferences: financial records must
+// never be garbage-collected together with the events that caused them (DESIGN §1.4).
+const (
+	// LabelProvider names the WebhookProvider an object came from.
+	LabelProvider = "hooks.settlement.dev/provider"
+	// LabelEvent carries the hash part of the WebhookEvent name that created an object
+	// (label values are capped at 63 characters, so the hash, not the full name).
+	LabelEvent = "hooks.settlement.dev/event"
+	// LabelJob carries the hash of the job ID a record belongs to.
+	LabelJob = "hooks.settlement.dev/job"
+	// LabelSettlement carries the hash of a settlement key.
+	LabelSettlement = "hooks.settlement.dev/settlement"
+	// LabelBillingProvider names the BillingProvider a settlement or report belongs to.
+	LabelBillingProvider = "hooks.settlement.dev/billing-provider"
+
+	// AnnotationReplay, set to a new value on a dead-lettered or failed settlement,
+	// asks the controller to resume it through the normal path with the same
+	// idempotency key. Only the value's change matters; it is recorded in status.
+	AnnotationReplay = "hooks.settlement.dev/replay"
+
+	// FinalizerSettlementProtection blocks deletion of a BillingSettlement whose outcome
+	// at the provider is unknown, so a charge can never lose its local record.
+	FinalizerSettlementProtection = "hooks.settlement.dev/settlement-protection"
+)
+
+// Condition types shared by several kinds. Kind-specific ones live beside their kind.
+const (
+	// ConditionReady is True when the object is usable (configuration valid, secret
+	// found) or, for records, when it reached a final, good state.
+	ConditionReady = "Ready"
+)
+
+// Reasons shared by several kinds.
+const (
+	ReasonValid            = "Valid"
+	ReasonInvalidSpec      = "InvalidSpec"
+	ReasonSecretNotFound   = "SecretNotFound"
+	ReasonSecretInvalid    = "SecretInvalid"
+	ReasonReconciling      = "Reconciling"
+	ReasonAPIServerFailure = "APIServerFailure"
+)
+
+// SecretReference names a Secret in the same namespace as the referring object.
+// Cross-namespace references are deliberately impossible: a tenant can only point
+// at credentials in its own namespace.
+type SecretReference struct {
+	// name of the Secret, in the same namespace.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	Name string `json:"name"`
+}
+
+// SecretKeyReference names one key of a Secret in the same namespace.
+type SecretKeyReference struct {
+	// name of the Secret, in the same namespace.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// key within the Secret's data.
+	// +optional
+	// +kubebuilder:default=token
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	Key string `json:"key,omitempty"`
+}
+
+// Usage is a metered quantity, e.g. 1523 tokens of meter "gpt-tokens".
+type Usage struct {
+	// meter is the billing provider's name for what was used.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	Meter string `json:"meter"`
+
+	// quantity used, a non-negative decimal written as a string so that no precision is
+	// lost to floating point (e.g. "1523" or "12.5").
+	// +required
+	// +kubebuilder:validation:MaxLength=40
+	// +kubebuilder:validation:Pattern=`^[0-9]+(\.[0-9]+)?$`
+	Quantity string `json:"quantity"`
+
+	// unit of the quantity, e.g. "tokens" or "gpu-seconds".
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Unit string `json:"unit,omitempty"`
+}
+
+// Amount is money in the currency's minor unit (cents for USD), never a float.
+type Amount struct {
+	// minor is the amount in the currency's minor unit, e.g. 1250 for 12.50 USD.
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	Minor int64 `json:"minor"`
+
+	// currency is the ISO 4217 code in upper case, e.g. "USD".
+	// +required
+	// +kubebuilder:validation:Pattern=`^[A-Z]{3}$`
+	Currency string `json:"currency"`
+}
+
+// JobState is the result a job reports in its completion.
+// +kubebuilder:validation:Enum=Succeeded;Failed;Cancelled
+type JobState string
+
+const (
+	JobSucceeded JobState = "Succeeded"
+	JobFailed    JobState = "Failed"
+	JobCancelled JobState = "Cancelled"
+)
+
+// JobSinkType selects where a job completion is applied.
+// +kubebuilder:validation:Enum=None;HTTP
+type JobSinkType string
+
+const (
+	// JobSinkNone keeps the JobCompletion object itself as the record of completion.
+	JobSinkNone JobSinkType = "None"
+	// JobSinkHTTP posts the completion to a job service (DESIGN §6.2).
+	JobSinkHTTP JobSinkType = "HTTP"
+)
+
+// JobSink says where a job's completion is applied.
+// +kubebuilder:validation:XValidation:rule="self.type == 'HTTP' ? has(self.url) : !has(self.url)",message="url is required when type is HTTP and not allowed otherwise"
+// +kubebuilder:validation:XValidation:rule="!has(self.credentialsSecretRef) || self.type == 'HTTP'",message="credentialsSecretRef only makes sense when type is HTTP"
+type JobSink struct {
+	// type of sink: None (the JobCompletion is the record) or HTTP (DESIGN §6.2).
+	// +optional
+	// +kubebuilder:default=None
+	Type JobSinkType `json:"type,omitempty"`
+
+	// url of the job service; completions are posted to {url}/jobs/{jobID}/completion.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:Pattern=`^https?://[^\s]+$`
+	URL string `json:"url,omitempty"`
+
+	// credentialsSecretRef names the Secret key holding a bearer token for the job service.
+	// +optional
+	CredentialsSecretRef *SecretKeyReference `json:"credentialsSecretRef,omitempty"`
+
+	// deferDeadline bounds how long a completion for a job the sink does not know yet
+	// (404) is retried before the record asks for reconciliation.
+	// +optional
+	// +kubebuilder:default="1h"
+	DeferDeadline *metav1.Duration `json:"deferDeadline,omitempty"`
+}

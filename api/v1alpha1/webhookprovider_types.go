@@ -1,0 +1,429 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// SignatureScheme is how a sender signs its deliveries.
+// +kubebuilder:validation:Enum=StandardWebhooks;Stripe;HMACSHA256
+type SignatureScheme string
+
+const (
+	// SchemeStandardWebhooks: webhook-id / webhook-timestamp / webhook-signature headers,
+	// v1 HMAC-SHA256 (base64) over "id.timestamp.body", "whsec_" secrets.
+	SchemeStandardWebhooks SignatureScheme = "StandardWebhooks"
+	// SchemeStripe: Stripe-Signature "t=…,v1=…", hex HMAC-SHA256 over "t.body".
+	SchemeStripe SignatureScheme = "Stripe"
+	// SchemeHMACSHA256: a generic HMAC-SHA256 of the body (or "timestamp.body") in a
+	// configurable header, hex or base64, with an optional prefix.
+	SchemeHMACSHA256 SignatureScheme = "HMACSHA256"
+)
+
+// SignatureEncoding is how a generic HMAC is written in its header.
+// +kubebuilder:validation:Enum=Hex;Base64
+type SignatureEncoding string
+
+const (
+	EncodingHex    SignatureEncoding = "Hex"
+	EncodingBase64 SignatureEncoding = "Base64"
+)
+
+// SignatureSpec configures how deliveries are authenticated.
+// +kubebuilder:validation:XValidation:rule="self.scheme == 'HMACSHA256' ? has(self.header) : !has(self.header)",message="header is required for scheme HMACSHA256 and not allowed for other schemes (their header names are fixed)"
+// +kubebuilder:validation:XValidation:rule="self.scheme == 'HMACSHA256' || (!has(self.prefix) && !has(self.encoding) && !has(self.timestampHeader))",message="prefix, encoding and timestampHeader only apply to scheme HMACSHA256"
+type SignatureSpec struct {
+	// scheme is the signature format the sender uses.
+	// +required
+	Scheme SignatureScheme `json:"scheme"`
+
+	// secretRef names the Secret holding the signing secret. Every key in the Secret is
+	// tried, so a secret can be rotated by adding the new key before removing the old.
+	// +required
+	SecretRef SecretReference `json:"secretRef"`
+
+	// header carrying the signature, for scheme HMACSHA256 (e.g. "X-Signature").
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9-]+$`
+	Header string `json:"header,omitempty"`
+
+	// prefix stripped from the header value before decoding, for scheme HMACSHA256
+	// (e.g. "sha256=").
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	Prefix string `json:"prefix,omitempty"`
+
+	// encoding of the signature, for scheme HMACSHA256.
+	// +optional
+	Encoding SignatureEncoding `json:"encoding,omitempty"`
+
+	// timestampHeader, for scheme HMACSHA256, names a header with a unix timestamp that
+	// is signed together with the body ("timestamp.body") and checked against the
+	// tolerance. Without it a generic HMAC cannot reject replays of old deliveries.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9-]+$`
+	TimestampHeader string `json:"timestampHeader,omitempty"`
+
+	// tolerance is how far a signed timestamp may be from the receiver's clock, in
+	// either direction, before the delivery is refused as a possible replay.
+	// +optional
+	// +kubebuilder:default="5m"
+	Tolerance *metav1.Duration `json:"tolerance,omitempty"`
+}
+
+// FieldSource locates a value in a delivery: a request header or a JSON path.
+// +kubebuilder:validation:XValidation:rule="has(self.header) != has(self.jsonPath)",message="set exactly one of header or jsonPath"
+type FieldSource struct {
+	// header is the name of a request header holding the value.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9-]+$`
+	Header string `json:"header,omitempty"`
+
+	// jsonPath into the payload, in kubectl's syntax, e.g. ".data.id" or "{.data.id}".
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	JSONPath string `json:"jsonPath,omitempty"`
+}
+
+// EventIDSource says where a delivery's event ID comes from.
+// +kubebuilder:validation:XValidation:rule="[has(self.header), has(self.jsonPath), has(self.derivedFrom)].filter(x, x).size() == 1",message="set exactly one of header, jsonPath or derivedFrom"
+type EventIDSource struct {
+	// header is the name of a request header holding the event ID (e.g. "webhook-id").
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9-]+$`
+	Header string `json:"header,omitempty"`
+
+	// jsonPath to the event ID in the payload.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	JSONPath string `json:"jsonPath,omitempty"`
+
+	// derivedFrom lists JSON paths of stable business fields for senders that send no
+	// event ID; the ID is their values joined with NUL and hashed. Pick fields that
+	// identify the fact (job ID and completion version), never a send time.
+	// +optional
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MaxLength=256
+	// +listType=atomic
+	DerivedFrom []string `json:"derivedFrom,omitempty"`
+}
+
+// OperationType is a business effect a route asks for.
+// +kubebuilder:validation:Enum=JobCompletion;BillingSettlement
+type OperationType string
+
+const (
+	OperationJobCompletion     OperationType = "JobCompletion"
+	OperationBillingSettlement OperationType = "BillingSettlement"
+)
+
+// UsageMapping locates usage in the payload.
+// +kubebuilder:validation:XValidation:rule="has(self.meter) != has(self.meterPath)",message="set exactly one of meter or meterPath"
+type UsageMapping struct {
+	// quantity is the JSON path of the used quantity (a number or a decimal string).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Quantity string `json:"quantity"`
+
+	// meter is a fixed meter name for every delivery of this route.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	Meter string `json:"meter,omitempty"`
+
+	// meterPath is the JSON path of the meter name in the payload.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	MeterPath string `json:"meterPath,omitempty"`
+
+	// unit of the quantity, e.g. "tokens".
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Unit string `json:"unit,omitempty"`
+}
+
+// AmountMapping locates a monetary amount in the payload.
+// +kubebuilder:validation:XValidation:rule="has(self.currency) != has(self.currencyPath)",message="set exactly one of currency or currencyPath"
+type AmountMapping struct {
+	// minor is the JSON path of the amount in minor units (an integer).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Minor string `json:"minor"`
+
+	// currency is a fixed ISO 4217 code for every delivery of this route.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[A-Z]{3}$`
+	Currency string `json:"currency,omitempty"`
+
+	// currencyPath is the JSON path of the ISO 4217 code in the payload.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	CurrencyPath string `json:"currencyPath,omitempty"`
+}
+
+// JobCompletionMapping says how to read a job completion from a payload.
+type JobCompletionMapping struct {
+	// jobID is the JSON path of the job's ID.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	JobID string `json:"jobID"`
+
+	// completionVersion is the JSON path of the completion's version (an integer that
+	// grows with every newer report about the same job). When unset, the event's
+	// sequence is used, and without a sequence every completion has version 1.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	CompletionVersion string `json:"completionVersion,omitempty"`
+
+	// state is the JSON path of the job's result (Succeeded, Failed or Cancelled, case
+	// insensitive). When unset the job is taken as Succeeded.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	State string `json:"state,omitempty"`
+
+	// completedAt is the JSON path of the completion time (RFC 3339).
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	CompletedAt string `json:"completedAt,omitempty"`
+
+	// usage locates the job's usage, if it reports any.
+	// +optional
+	Usage *UsageMapping `json:"usage,omitempty"`
+
+	// sink is where the completion is applied.
+	// +optional
+	Sink *JobSink `json:"sink,omitempty"`
+}
+
+// SettlementMapping says how to read a billing settlement from a payload.
+// +kubebuilder:validation:XValidation:rule="has(self.usage) || has(self.amount)",message="a settlement needs usage, amount or both"
+// +kubebuilder:validation:XValidation:rule="has(self.keyFrom) || has(self.jobID)",message="set keyFrom, or jobID for the default key <provider>/<jobID>"
+type SettlementMapping struct {
+	// billingProviderRef names the BillingProvider (same namespace) that settles it.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	BillingProviderRef string `json:"billingProviderRef"`
+
+	// jobID is the JSON path of the job's ID; the default settlement key is
+	// "<webhook provider>/<jobID>", so one job is charged once however often it is
+	// reported.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	JobID string `json:"jobID,omitempty"`
+
+	// keyFrom lists JSON paths whose values, joined with "/" after the provider name,
+	// form the settlement key, for charges that are not one-per-job (e.g. a line item).
+	// +optional
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MaxLength=256
+	// +listType=atomic
+	KeyFrom []string `json:"keyFrom,omitempty"`
+
+	// customer is the JSON path of the billing customer's ID.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Customer string `json:"customer"`
+
+	// usage locates the usage to charge for.
+	// +optional
+	Usage *UsageMapping `json:"usage,omitempty"`
+
+	// amount locates a fixed amount to charge.
+	// +optional
+	Amount *AmountMapping `json:"amount,omitempty"`
+}
+
+// RouteOperation is one business effect of an event type.
+// +kubebuilder:validation:XValidation:rule="self.type == 'JobCompletion' ? (has(self.jobCompletion) && !has(self.settlement)) : (has(self.settlement) && !has(self.jobCompletion))",message="type JobCompletion needs jobCompletion, type BillingSettlement needs settlement, and not the other"
+type RouteOperation struct {
+	// type of effect.
+	// +required
+	Type OperationType `json:"type"`
+
+	// forEach is the JSON path of an array: the operation is done once per item, and
+	// its other paths are read from the item (a path starting with "$." still reads
+	// the whole payload). For events that cover several jobs or line items.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	ForEach string `json:"forEach,omitempty"`
+
+	// jobCompletion maps the payload to a job completion.
+	// +optional
+	JobCompletion *JobCompletionMapping `json:"jobCompletion,omitempty"`
+
+	// settlement maps the payload to a billing settlement.
+	// +optional
+	Settlement *SettlementMapping `json:"settlement,omitempty"`
+}
+
+// Route maps one event type to the operations it causes.
+type Route struct {
+	// eventType as the sender names it, e.g. "job.completed".
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	EventType string `json:"eventType"`
+
+	// operations done for each event of this type, each independently idempotent.
+	// +required
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=8
+	// +listType=atomic
+	Operations []RouteOperation `json:"operations"`
+}
+
+// RawPayloadStorage opts in to keeping the raw payload on the WebhookEvent.
+type RawPayloadStorage struct {
+	// enabled keeps the raw payload. Off by default: objects should stay small, and
+	// the extracted fields plus the canonical hash are enough for every operation.
+	// +optional
+	Enabled bool `json:"enabled,omitempty"`
+
+	// maxBytes caps the stored payload; a larger one is stored truncated and marked so.
+	// +optional
+	// +kubebuilder:default=4096
+	// +kubebuilder:validation:Minimum=256
+	// +kubebuilder:validation:Maximum=65536
+	MaxBytes int32 `json:"maxBytes,omitempty"`
+}
+
+// RetentionSpec says how long received events are kept.
+// +kubebuilder:validation:XValidation:rule="duration(self.events) > duration(self.providerRetryWindow)",message="events retention must be longer than providerRetryWindow, or a late retry would be processed as a new event"
+type RetentionSpec struct {
+	// events is how long a complete WebhookEvent is kept for deduplication. It must
+	// exceed the sender's retry/replay window. Settlements and job completions are
+	// never deleted by retention.
+	// +optional
+	// +kubebuilder:default="168h"
+	Events *metav1.Duration `json:"events,omitempty"`
+
+	// providerRetryWindow is how long the sender says it may retry or replay a delivery.
+	// +optional
+	// +kubebuilder:default="72h"
+	ProviderRetryWindow *metav1.Duration `json:"providerRetryWindow,omitempty"`
+}
+
+// WebhookProviderSpec configures one sender of webhooks.
+type WebhookProviderSpec struct {
+	// signature configures authentication of deliveries.
+	// +required
+	Signature SignatureSpec `json:"signature"`
+
+	// eventID says where the delivery's unique event ID is. Deliveries with the same ID
+	// are the same event.
+	// +required
+	EventID EventIDSource `json:"eventID"`
+
+	// eventType says where the event's type is.
+	// +required
+	EventType FieldSource `json:"eventType"`
+
+	// sequence is the JSON path of a per-sender ordering number, if the sender has one.
+	// It is the default completion version of job completions.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Sequence string `json:"sequence,omitempty"`
+
+	// hashFields lists JSON paths whose values form the canonical hash instead of the
+	// whole payload, for senders that add volatile fields (e.g. a delivery attempt
+	// counter) to retries of the same event.
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=256
+	// +listType=atomic
+	HashFields []string `json:"hashFields,omitempty"`
+
+	// routes map event types to operations. An event type with no route is answered
+	// 200 "ignored" and not stored, unless storeUnroutedEvents is set.
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=map
+	// +listMapKey=eventType
+	Routes []Route `json:"routes,omitempty"`
+
+	// storeUnroutedEvents keeps a WebhookEvent for event types without a route.
+	// +optional
+	StoreUnroutedEvents bool `json:"storeUnroutedEvents,omitempty"`
+
+	// rawPayload opts in to storing the raw payload, size-capped.
+	// +optional
+	RawPayload *RawPayloadStorage `json:"rawPayload,omitempty"`
+
+	// retention of received events.
+	// +optional
+	// +kubebuilder:default={events:"168h",providerRetryWindow:"72h"}
+	Retention *RetentionSpec `json:"retention,omitempty"`
+}
+
+// WebhookProviderStatus reports whether the provider can receive.
+type WebhookProviderStatus struct {
+	// observedGeneration is the spec generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// endpointPath is the receiver path senders post to: /webhooks/{namespace}/{name}.
+	// +optional
+	EndpointPath string `json:"endpointPath,omitempty"`
+
+	// secretKeys is how many keys the signing Secret holds (each is tried).
+	// +optional
+	SecretKeys int32 `json:"secretKeys,omitempty"`
+
+	// nextRetentionSweep is when complete events past retention are next deleted.
+	// +optional
+	NextRetentionSweep *metav1.Time `json:"nextRetentionSweep,omitempty"`
+
+	// conditions: Ready is True when the secret exists and parses and every route is valid.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// WebhookProvider configures one sender of webhooks: how its deliveries are signed,
+// where the event ID and type are, which operations each event type causes, and how
+// long received events are kept for deduplication.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=whp,categories=settlement
+// +kubebuilder:printcolumn:name="Scheme",type=string,JSONPath=`.spec.signature.scheme`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpointPath`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63",message="WebhookProvider names are limited to 63 characters: they are used as label values and prefix every derived object name"
+type WebhookProvider struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec configures the sender.
+	// +required
+	Spec WebhookProviderSpec `json:"spec"`
+
+	// status is written by the operator.
+	// +optional
+	Status WebhookProviderStatus `json:"status,omitempty"`
+}
+
+// WebhookProviderList is a list of WebhookProviders.
+// +kubebuilder:object:root=true
+type WebhookProviderList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []WebhookProvider `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&WebhookProvider{}, &WebhookProviderList{})
+}

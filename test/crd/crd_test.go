@@ -1,0 +1,478 @@
+package crd_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/test/testenv"
+)
+
+var nsCounter int
+
+// newNamespace gives each spec its own namespace so specs never see each other's objects.
+func newNamespace() string {
+	nsCounter++
+	name := fmt.Sprintf("crd-%d", nsCounter)
+	Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})).To(Succeed())
+	return name
+}
+
+// expectInvalid asserts the API server refused err as Invalid and that the message a
+// user sees contains want.
+func expectInvalid(err error, want string) {
+	GinkgoHelper()
+	Expect(err).To(HaveOccurred(), "the API server accepted what it must refuse (%s)", want)
+	Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want an Invalid error, got %v", err)
+	Expect(err.Error()).To(ContainSubstring(want))
+}
+
+func runKubectl(args ...string) (string, string, error) {
+	k, err := kubectl.Kubectl()
+	Expect(err).NotTo(HaveOccurred())
+	stdout, stderr, err := k.Run(args...)
+	out, _ := io.ReadAll(stdout)
+	errOut, _ := io.ReadAll(stderr)
+	return string(out), string(errOut), err
+}
+
+func sampleSettlement(ns, name string) *hooksv1alpha1.BillingSettlement {
+	return &hooksv1alpha1.BillingSettlement{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: hooksv1alpha1.BillingSettlementSpec{
+			BillingProviderRef: "billing",
+			SettlementKey:      "inference/" + name,
+			IdempotencyKey:     "stl_0123456789abcdef0123456789abcdef",
+			Type:               hooksv1alpha1.SettlementCharge,
+			Customer:           "cus_42",
+			Amount:             &hooksv1alpha1.Amount{Minor: 1250, Currency: "USD"},
+			Usage:              &hooksv1alpha1.Usage{Meter: "tokens", Quantity: "1523", Unit: "tokens"},
+		},
+	}
+}
+
+func sampleProvider(ns, name string) *hooksv1alpha1.WebhookProvider {
+	return &hooksv1alpha1.WebhookProvider{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: hooksv1alpha1.WebhookProviderSpec{
+			Signature: hooksv1alpha1.SignatureSpec{
+				Scheme:    hooksv1alpha1.SchemeStandardWebhooks,
+				SecretRef: hooksv1alpha1.SecretReference{Name: "s"},
+			},
+			EventID:   hooksv1alpha1.EventIDSource{Header: "webhook-id"},
+			EventType: hooksv1alpha1.FieldSource{JSONPath: ".type"},
+		},
+	}
+}
+
+var _ = Describe("samples", func() {
+	It("applies every sample in config/samples", func() {
+		ns := newNamespace()
+		dir := filepath.Join(testenv.RepoRoot(), "config", "samples")
+		files, err := filepath.Glob(filepath.Join(dir, "hooks_*.yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(files).NotTo(BeEmpty())
+		kinds := map[string]bool{}
+		for _, f := range files {
+			data, err := os.ReadFile(f)
+			Expect(err).NotTo(HaveOccurred())
+			dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+			for {
+				u := &unstructured.Unstructured{}
+				if err := dec.Decode(&u.Object); err == io.EOF {
+					break
+				} else {
+					Expect(err).NotTo(HaveOccurred(), f)
+				}
+				if len(u.Object) == 0 {
+					continue
+				}
+				u.SetNamespace(ns)
+				Expect(k8s.Create(ctx, u)).To(Succeed(), "sample %s", filepath.Base(f))
+				kinds[u.GetKind()] = true
+			}
+		}
+		Expect(kinds).To(HaveLen(6), "a sample for every kind: %v", kinds)
+	})
+})
+
+var _ = Describe("BillingSettlement validation", func() {
+	var ns string
+	BeforeEach(func() { ns = newNamespace() })
+
+	It("refuses any edit of the spec, naming the way to correct it", func() {
+		bs := sampleSettlement(ns, "edit-me")
+		Expect(k8s.Create(ctx, bs)).To(Succeed())
+		bs.Spec.Amount.Minor = 99
+		expectInvalid(k8s.Update(ctx, bs), "financial records are never edited")
+	})
+
+	It("keeps the spec intact while status and metadata change", func() {
+		bs := sampleSettlement(ns, "status-ok")
+		Expect(k8s.Create(ctx, bs)).To(Succeed())
+		bs.Status.State = hooksv1alpha1.SettlementSubmitted
+		bs.Status.Attempts = 1
+		Expect(k8s.Status().Update(ctx, bs)).To(Succeed())
+		bs.Annotations = map[string]string{hooksv1alpha1.AnnotationReplay: "1"}
+		Expect(k8s.Update(ctx, bs)).To(Succeed())
+	})
+
+	It("requires a Refund to name what it reverses", func() {
+		bs := sampleSettlement(ns, "refund")
+		bs.Spec.Type = hooksv1alpha1.SettlementRefund
+		expectInvalid(k8s.Create(ctx, bs), "must name the settlement it reverses")
+	})
+
+	It("refuses a Charge that claims to reverse something", func() {
+		bs := sampleSettlement(ns, "charge")
+		bs.Spec.Reverses = "other"
+		expectInvalid(k8s.Create(ctx, bs), "a Charge must not")
+	})
+
+	It("needs usage or amount", func() {
+		bs := sampleSettlement(ns, "empty")
+		bs.Spec.Amount, bs.Spec.Usage = nil, nil
+		expectInvalid(k8s.Create(ctx, bs), "needs usage, amount or both")
+	})
+
+	It("only accepts derived idempotency keys", func() {
+		bs := sampleSettlement(ns, "badkey")
+		bs.Spec.IdempotencyKey = "random-uuid"
+		expectInvalid(k8s.Create(ctx, bs), "spec.idempotencyKey")
+	})
+
+	It("refuses a lower-case or misshapen currency and a negative amount", func() {
+		bs := sampleSettlement(ns, "money")
+		bs.Spec.Amount = &hooksv1alpha1.Amount{Minor: -1, Currency: "usd"}
+		err := k8s.Create(ctx, bs)
+		expectInvalid(err, "spec.amount.currency")
+		Expect(err.Error()).To(ContainSubstring("spec.amount.minor"))
+	})
+
+	It("defaults type to Charge", func() {
+		bs := sampleSettlement(ns, "default-type")
+		bs.Spec.Type = ""
+		Expect(k8s.Create(ctx, bs)).To(Succeed())
+		Expect(bs.Spec.Type).To(Equal(hooksv1alpha1.SettlementCharge))
+	})
+})
+
+var _ = Describe("WebhookEvent validation", func() {
+	It("refuses any edit of the receipt", func() {
+		ns := newNamespace()
+		ev := &hooksv1alpha1.WebhookEvent{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-abc"},
+			Spec: hooksv1alpha1.WebhookEventSpec{
+				Provider: "inference", EventID: "evt_1", EventType: "job.completed",
+				PayloadHash: "sha256:" + strings.Repeat("ab", 32),
+				ReceivedAt:  metav1.Now(),
+			},
+		}
+		Expect(k8s.Create(ctx, ev)).To(Succeed())
+		ev.Spec.EventType = "job.failed"
+		expectInvalid(k8s.Update(ctx, ev), "WebhookEvent spec is immutable")
+	})
+
+	It("refuses a payload hash that is not sha256 hex", func() {
+		ns := newNamespace()
+		ev := &hooksv1alpha1.WebhookEvent{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-bad"},
+			Spec: hooksv1alpha1.WebhookEventSpec{
+				Provider: "inference", EventID: "evt_1", EventType: "job.completed",
+				PayloadHash: "md5:abc", ReceivedAt: metav1.Now(),
+			},
+		}
+		expectInvalid(k8s.Create(ctx, ev), "spec.payloadHash")
+	})
+})
+
+var _ = Describe("JobCompletion validation", func() {
+	var (
+		ns string
+		jc *hooksv1alpha1.JobCompletion
+	)
+	BeforeEach(func() {
+		ns = newNamespace()
+		jc = &hooksv1alpha1.JobCompletion{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-job-x"},
+			Spec: hooksv1alpha1.JobCompletionSpec{
+				Provider: "inference", JobID: "job-1",
+				Completion: hooksv1alpha1.Completion{Version: 2, State: hooksv1alpha1.JobSucceeded},
+			},
+		}
+		Expect(k8s.Create(ctx, jc)).To(Succeed())
+	})
+
+	It("keeps the job's identity immutable", func() {
+		jc.Spec.JobID = "job-2"
+		expectInvalid(k8s.Update(ctx, jc), "provider and jobID are immutable")
+	})
+
+	It("never moves a job backward to an older completion version", func() {
+		jc.Spec.Completion.Version = 1
+		expectInvalid(k8s.Update(ctx, jc), "completion.version may only grow")
+	})
+
+	It("refuses other content under the same version", func() {
+		jc.Spec.Completion.State = hooksv1alpha1.JobFailed
+		expectInvalid(k8s.Update(ctx, jc), "same version with different content is a conflict")
+	})
+
+	It("accepts a newer version", func() {
+		jc.Spec.Completion = hooksv1alpha1.Completion{Version: 3, State: hooksv1alpha1.JobFailed}
+		Expect(k8s.Update(ctx, jc)).To(Succeed())
+	})
+
+	It("requires a url for an HTTP sink", func() {
+		jc.Spec.Sink = &hooksv1alpha1.JobSink{Type: hooksv1alpha1.JobSinkHTTP}
+		expectInvalid(k8s.Update(ctx, jc), "url is required when type is HTTP")
+	})
+})
+
+var _ = Describe("WebhookProvider validation", func() {
+	var ns string
+	BeforeEach(func() { ns = newNamespace() })
+
+	It("accepts a minimal provider and fills in the defaults", func() {
+		p := sampleProvider(ns, "minimal")
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+		Expect(p.Spec.Signature.Tolerance).NotTo(BeNil())
+		Expect(p.Spec.Signature.Tolerance.Duration.String()).To(Equal("5m0s"))
+		Expect(p.Spec.Retention.Events.Duration.String()).To(Equal("168h0m0s"))
+	})
+
+	It("requires a secret for the signature scheme", func() {
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "hooks.settlement.dev/v1alpha1", "kind": "WebhookProvider",
+			"metadata": map[string]any{"name": "nosecret", "namespace": ns},
+			"spec": map[string]any{
+				"signature": map[string]any{"scheme": "Stripe"},
+				"eventID":   map[string]any{"jsonPath": ".id"},
+				"eventType": map[string]any{"jsonPath": ".type"},
+			},
+		}}
+		expectInvalid(k8s.Create(ctx, u), "spec.signature.secretRef: Required value")
+	})
+
+	It("requires a header for a generic HMAC and refuses one for fixed-header schemes", func() {
+		p := sampleProvider(ns, "hmac")
+		p.Spec.Signature.Scheme = hooksv1alpha1.SchemeHMACSHA256
+		expectInvalid(k8s.Create(ctx, p), "header is required for scheme HMACSHA256")
+
+		p = sampleProvider(ns, "swh")
+		p.Spec.Signature.Header = "X-Sig"
+		expectInvalid(k8s.Create(ctx, p), "not allowed for other schemes")
+
+		p = sampleProvider(ns, "swh2")
+		p.Spec.Signature.Encoding = hooksv1alpha1.EncodingHex
+		expectInvalid(k8s.Create(ctx, p), "only apply to scheme HMACSHA256")
+	})
+
+	It("needs exactly one source of the event ID", func() {
+		p := sampleProvider(ns, "twoids")
+		p.Spec.EventID.JSONPath = ".id"
+		expectInvalid(k8s.Create(ctx, p), "set exactly one of header, jsonPath or derivedFrom")
+
+		p = sampleProvider(ns, "noid")
+		p.Spec.EventID = hooksv1alpha1.EventIDSource{}
+		expectInvalid(k8s.Create(ctx, p), "set exactly one of header, jsonPath or derivedFrom")
+	})
+
+	It("refuses retention shorter than the sender's retry window", func() {
+		p := sampleProvider(ns, "short")
+		p.Spec.Retention = &hooksv1alpha1.RetentionSpec{
+			Events:              &metav1.Duration{Duration: 24 * time.Hour},
+			ProviderRetryWindow: &metav1.Duration{Duration: 72 * time.Hour},
+		}
+		expectInvalid(k8s.Create(ctx, p), "events retention must be longer than providerRetryWindow")
+	})
+
+	It("matches each route operation's type with its mapping", func() {
+		p := sampleProvider(ns, "routes")
+		p.Spec.Routes = []hooksv1alpha1.Route{{
+			EventType: "job.completed",
+			Operations: []hooksv1alpha1.RouteOperation{{
+				Type:          hooksv1alpha1.OperationBillingSettlement,
+				JobCompletion: &hooksv1alpha1.JobCompletionMapping{JobID: ".id"},
+			}},
+		}}
+		expectInvalid(k8s.Create(ctx, p), "type BillingSettlement needs settlement")
+	})
+
+	It("needs a key source and something to charge in a settlement route", func() {
+		p := sampleProvider(ns, "settle")
+		p.Spec.Routes = []hooksv1alpha1.Route{{
+			EventType: "job.completed",
+			Operations: []hooksv1alpha1.RouteOperation{{
+				Type: hooksv1alpha1.OperationBillingSettlement,
+				Settlement: &hooksv1alpha1.SettlementMapping{
+					BillingProviderRef: "billing", Customer: ".customer",
+				},
+			}},
+		}}
+		err := k8s.Create(ctx, p)
+		expectInvalid(err, "a settlement needs usage, amount or both")
+		Expect(err.Error()).To(ContainSubstring("set keyFrom, or jobID"))
+	})
+
+	It("limits names to what fits a label value", func() {
+		p := sampleProvider(ns, strings.Repeat("p", 64))
+		expectInvalid(k8s.Create(ctx, p), "limited to 63 characters")
+	})
+})
+
+var _ = Describe("BillingProvider validation", func() {
+	var ns string
+	BeforeEach(func() { ns = newNamespace() })
+
+	provider := func(name, endpoint string) *hooksv1alpha1.BillingProvider {
+		return &hooksv1alpha1.BillingProvider{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: hooksv1alpha1.BillingProviderSpec{
+				Endpoint:             endpoint,
+				CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "token"},
+			},
+		}
+	}
+
+	It("defaults type, key window and retry policy", func() {
+		bp := provider("defaults", "https://billing.example.com")
+		Expect(k8s.Create(ctx, bp)).To(Succeed())
+		Expect(bp.Spec.Type).To(Equal(hooksv1alpha1.BillingProviderHTTP))
+		Expect(bp.Spec.Retry.MaxAttempts).To(Equal(int32(10)))
+		Expect(bp.Spec.IdempotencyWindow.Duration.String()).To(Equal("24h0m0s"))
+		Expect(bp.Spec.CredentialsSecretRef.Key).To(Equal("token"))
+	})
+
+	It("refuses plain http unless explicitly allowed", func() {
+		expectInvalid(k8s.Create(ctx, provider("plain", "http://billing.local")),
+			"endpoint must use https:// unless allowInsecureHTTP is true")
+		bp := provider("plain-ok", "http://billing.local")
+		bp.Spec.AllowInsecureHTTP = true
+		Expect(k8s.Create(ctx, bp)).To(Succeed())
+	})
+
+	It("refuses a backoff that starts above its cap", func() {
+		bp := provider("backoff", "https://billing.example.com")
+		bp.Spec.Retry = &hooksv1alpha1.RetryPolicy{
+			InitialBackoff: &metav1.Duration{Duration: 10 * time.Minute},
+			MaxBackoff:     &metav1.Duration{Duration: time.Minute},
+		}
+		expectInvalid(k8s.Create(ctx, bp), "initialBackoff must not exceed maxBackoff")
+	})
+
+	It("refuses an unknown provider type", func() {
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "hooks.settlement.dev/v1alpha1", "kind": "BillingProvider",
+			"metadata": map[string]any{"name": "paypal", "namespace": ns},
+			"spec": map[string]any{
+				"type": "PayPal", "endpoint": "https://x",
+				"credentialsSecretRef": map[string]any{"name": "t"},
+			},
+		}}
+		expectInvalid(k8s.Create(ctx, u), `Unsupported value: "PayPal"`)
+	})
+})
+
+var _ = Describe("ReconciliationReport validation", func() {
+	It("refuses edits of what a pass covered", func() {
+		ns := newNamespace()
+		rr := &hooksv1alpha1.ReconciliationReport{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing-1"},
+			Spec: hooksv1alpha1.ReconciliationReportSpec{
+				BillingProviderRef: "billing",
+				WindowStart:        metav1.Unix(1000, 0), WindowEnd: metav1.Unix(2000, 0),
+			},
+		}
+		Expect(k8s.Create(ctx, rr)).To(Succeed())
+		rr.Spec.WindowEnd = metav1.Unix(3000, 0)
+		expectInvalid(k8s.Update(ctx, rr), "ReconciliationReport spec is immutable")
+	})
+})
+
+var _ = Describe("what an operator sees", func() {
+	It("shows a settlement's story in `kubectl get billingsettlements`", func() {
+		ns := newNamespace()
+		bs := sampleSettlement(ns, "visible")
+		Expect(k8s.Create(ctx, bs)).To(Succeed())
+		bs.Status = hooksv1alpha1.BillingSettlementStatus{
+			State: hooksv1alpha1.SettlementSettled, Attempts: 3, ProviderRef: "pay_77",
+		}
+		Expect(k8s.Status().Update(ctx, bs)).To(Succeed())
+
+		out, errOut, err := runKubectl("get", "billingsettlements", "-n", ns)
+		Expect(err).NotTo(HaveOccurred(), errOut)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		Expect(lines).To(HaveLen(2), out)
+		Expect(strings.Fields(lines[0])).To(Equal([]string{
+			"NAME", "CUSTOMER", "TYPE", "AMOUNT", "CURRENCY", "USAGE", "STATE", "ATTEMPTS", "PROVIDER-REF", "AGE",
+		}))
+		row := strings.Fields(lines[1])
+		Expect(row[:9]).To(Equal([]string{"visible", "cus_42", "Charge", "1250", "USD", "1523", "Settled", "3", "pay_77"}))
+
+		// The short name and the category reach the same objects.
+		out, errOut, err = runKubectl("get", "bs", "-n", ns, "-o", "name")
+		Expect(err).NotTo(HaveOccurred(), errOut)
+		Expect(strings.TrimSpace(out)).To(Equal("billingsettlement.hooks.settlement.dev/visible"))
+		Expect(k8s.Create(ctx, sampleProvider(ns, "inference"))).To(Succeed())
+		out, errOut, err = runKubectl("get", "settlement", "-n", ns, "-o", "name")
+		Expect(err).NotTo(HaveOccurred(), errOut)
+		Expect(out).To(ContainSubstring("billingsettlement.hooks.settlement.dev/visible"))
+		Expect(out).To(ContainSubstring("webhookprovider.hooks.settlement.dev/inference"))
+	})
+
+	It("resolves every kind's printer columns through the API server's Table output", func() {
+		ns := newNamespace()
+		Expect(k8s.Create(ctx, sampleProvider(ns, "tbl"))).To(Succeed())
+		for _, resource := range []string{
+			"webhookproviders", "billingproviders", "webhookevents",
+			"jobcompletions", "billingsettlements", "reconciliationreports",
+		} {
+			out, errOut, err := runKubectl("get", resource, "-n", ns, "-o", "wide")
+			Expect(err).NotTo(HaveOccurred(), "%s: %s", resource, errOut)
+			Expect(out + errOut).NotTo(ContainSubstring("error"), resource)
+		}
+		out, errOut, err := runKubectl("get", "webhookproviders", "-n", ns)
+		Expect(err).NotTo(HaveOccurred(), errOut)
+		Expect(out).To(MatchRegexp(`tbl\s+StandardWebhooks`))
+	})
+
+	It("documents the API in `kubectl explain`", func() {
+		out, errOut, err := runKubectl("explain", "billingsettlement.spec")
+		Expect(err).NotTo(HaveOccurred(), errOut)
+		Expect(out).To(ContainSubstring("financial operation"))
+		Expect(out).To(ContainSubstring("idempotencyKey"))
+		Expect(out).To(ContainSubstring("sent with every attempt and replay"))
+
+		out, errOut, err = runKubectl("explain", "webhookprovider.spec.signature.secretRef")
+		Expect(err).NotTo(HaveOccurred(), errOut)
+		Expect(out).To(ContainSubstring("rotated"))
+	})
+})
+
+var _ = Describe("status subresource", func() {
+	It("ignores status in a spec write and spec in a status write", func() {
+		ns := newNamespace()
+		bs := sampleSettlement(ns, "sub")
+		bs.Status.State = hooksv1alpha1.SettlementSettled
+		Expect(k8s.Create(ctx, bs)).To(Succeed())
+		got := &hooksv1alpha1.BillingSettlement{}
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(bs), got)).To(Succeed())
+		Expect(got.Status.State).To(BeEmpty(), "status must only be written through the status subresource")
+		Expect(got.Generation).To(Equal(int64(1)))
+	})
+})
