@@ -55,13 +55,13 @@ const (
 
 // Reasons on WebhookEvent conditions and Kubernetes Events.
 const (
-	ReasonAccepted             = "Accepted"
+	ReasonAccepted              = "Accepted"
 	ReasonConflictingEventReuse = "ConflictingEventReuse"
-	ReasonAllOperationsDone    = "AllOperationsDone"
-	ReasonOperationsInProgress = "OperationsInProgress"
-	ReasonOperationFailed      = "OperationFailed"
-	ReasonOperationAmbiguous   = "OperationAmbiguous"
-	ReasonRetentionExpired     = "RetentionExpired"
+	ReasonAllOperationsDone     = "AllOperationsDone"
+	ReasonOperationsInProgress  = "OperationsInProgress"
+	ReasonOperationFailed       = "OperationFailed"
+	ReasonOperationAmbiguous    = "OperationAmbiguous"
+	ReasonRetentionExpired      = "RetentionExpired"
 )
 
 // JobCompletionFacts is one job completion extracted from a payload at receipt.

@@ -444,7 +444,7 @@ var _ = Describe("what an operator sees", func() {
 		} {
 			out, errOut, err := runKubectl("get", resource, "-n", ns, "-o", "wide")
 			Expect(err).NotTo(HaveOccurred(), "%s: %s", resource, errOut)
-			Expect(out + errOut).NotTo(ContainSubstring("error"), resource)
+			Expect(out+errOut).NotTo(ContainSubstring("error"), resource)
 		}
 		out, errOut, err := runKubectl("get", "webhookproviders", "-n", ns)
 		Expect(err).NotTo(HaveOccurred(), errOut)
