@@ -3,9 +3,11 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"flag"
 	"os"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -17,6 +19,8 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/controllers"
+	"github.com/settlement-operator/settlement-operator/internal/receiver"
 )
 
 var scheme = runtime.NewScheme()
@@ -33,6 +37,7 @@ func main() {
 		enableLeaderElection bool
 		secureMetrics        bool
 		enableHTTP2          bool
+		recvOpts             receiver.Options
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080",
 		"Address the metrics endpoint binds to; \"0\" disables it.")
@@ -42,6 +47,13 @@ func main() {
 	flag.BoolVar(&secureMetrics, "metrics-secure", false, "Serve metrics over HTTPS.")
 	flag.BoolVar(&enableHTTP2, "enable-http2", false,
 		"Allow HTTP/2 on the metrics server (off: HTTP/2 Rapid Reset and Stream Cancellation CVEs).")
+	flag.StringVar(&recvOpts.BindAddress, "receiver-bind-address", ":8090",
+		"Address the webhook receiver binds to (every replica receives).")
+	flag.IntVar(&recvOpts.MaxInFlight, "receiver-max-in-flight", 64,
+		"Deliveries processed at once; more are answered 429 with Retry-After.")
+	flag.Int64Var(&recvOpts.MaxBodyBytes, "receiver-max-body-bytes", 1<<20, "Largest accepted delivery body; larger ones get 413.")
+	flag.DurationVar(&recvOpts.APITimeout, "receiver-api-timeout", 10*time.Second,
+		"Bound on each API-server call of a delivery; past it the delivery is answered 503.")
 	opts := zap.Options{Development: false}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -68,6 +80,24 @@ func main() {
 	})
 	if err != nil {
 		log.Error(err, "unable to create manager")
+		os.Exit(1)
+	}
+
+	if err := (&controllers.WebhookProviderReconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+	}).SetupWithManager(mgr); err != nil {
+		log.Error(err, "unable to set up controller", "controller", controllers.WebhookProviderControllerName)
+		os.Exit(1)
+	}
+	recv := receiver.New(recvOpts, mgr.GetCache(), mgr.GetClient(), mgr.GetAPIReader(),
+		mgr.GetEventRecorder("settlement-receiver"))
+	if err := receiver.WarmCache(context.Background(), mgr.GetCache()); err != nil {
+		log.Error(err, "unable to set up the receiver's cache")
+		os.Exit(1)
+	}
+	if err := mgr.Add(recv); err != nil {
+		log.Error(err, "unable to add the receiver")
 		os.Exit(1)
 	}
 

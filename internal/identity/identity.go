@@ -131,3 +131,12 @@ func isLowerHex(s string) bool {
 	}
 	return true
 }
+
+// EndpointPathPrefix is where the receiver serves: EndpointPathPrefix + "{namespace}/{provider}".
+const EndpointPathPrefix = "/webhooks/"
+
+// EndpointPath is the receiver path a WebhookProvider's senders post to; it is derived
+// from the provider's identity like every other name, and shown in its status.
+func EndpointPath(namespace, provider string) string {
+	return EndpointPathPrefix + namespace + "/" + provider
+}

@@ -1,0 +1,100 @@
+// Command send-webhook signs a JSON payload like a real provider and posts it to the
+// receiver, printing the answer. Used by the demo and handy for trying a provider:
+//
+//	send-webhook -url http://127.0.0.1:8090/webhooks/default/inference \
+//	  -scheme StandardWebhooks -secret-file secret.txt -id msg_1 -data '{"type":"job.completed",...}'
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/settlement-operator/settlement-operator/internal/signature"
+	"github.com/settlement-operator/settlement-operator/test/sender"
+)
+
+type headerFlags http.Header
+
+func (h headerFlags) String() string { return "" }
+func (h headerFlags) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want Name=value, got %q", v)
+	}
+	http.Header(h).Add(k, val)
+	return nil
+}
+
+func main() {
+	var (
+		url, scheme, secret, secretFile, id, data, prefix, encoding, header, tsHeader string
+		skew                                                                          time.Duration
+		headers                                                                       = headerFlags{}
+	)
+	flag.StringVar(&url, "url", "", "receiver URL, e.g. http://127.0.0.1:8090/webhooks/<namespace>/<provider> (required)")
+	flag.StringVar(&scheme, "scheme", signature.SchemeStandardWebhooks, "StandardWebhooks, Stripe or HMACSHA256")
+	flag.StringVar(&secret, "secret", "", "signing secret (prefer -secret-file: flags show in ps)")
+	flag.StringVar(&secretFile, "secret-file", "", "file holding the signing secret")
+	flag.StringVar(&id, "id", "", "webhook-id for StandardWebhooks (default: msg_<unix nanos>)")
+	flag.StringVar(&data, "data", "", "JSON payload, or @file to read it from a file (required)")
+	flag.StringVar(&header, "signature-header", "", "HMACSHA256: header carrying the signature")
+	flag.StringVar(&prefix, "signature-prefix", "", "HMACSHA256: prefix before the signature, e.g. sha256=")
+	flag.StringVar(&encoding, "signature-encoding", "", "HMACSHA256: Hex (default) or Base64")
+	flag.StringVar(&tsHeader, "timestamp-header", "", "HMACSHA256: header carrying the signed unix timestamp")
+	flag.DurationVar(&skew, "clock-skew", 0, "sign with now+skew (e.g. -6m to try an old delivery)")
+	flag.Var(headers, "H", "extra header Name=value (repeatable)")
+	flag.Parse()
+
+	if err := run(url, scheme, secret, secretFile, id, data, header, prefix, encoding, tsHeader, skew, http.Header(headers)); err != nil {
+		fmt.Fprintln(os.Stderr, "send-webhook:", err)
+		os.Exit(1)
+	}
+}
+
+func run(url, scheme, secret, secretFile, id, data, header, prefix, encoding, tsHeader string,
+	skew time.Duration, extra http.Header) error {
+	if url == "" || data == "" {
+		return fmt.Errorf("-url and -data are required (see -h)")
+	}
+	if secretFile != "" {
+		b, err := os.ReadFile(secretFile)
+		if err != nil {
+			return fmt.Errorf("read secret: %w", err)
+		}
+		secret = string(b)
+	}
+	if secret == "" {
+		return fmt.Errorf("a secret is required: -secret-file or -secret")
+	}
+	body := []byte(data)
+	if strings.HasPrefix(data, "@") {
+		b, err := os.ReadFile(data[1:])
+		if err != nil {
+			return fmt.Errorf("read payload: %w", err)
+		}
+		body = b
+	}
+	if id == "" {
+		id = fmt.Sprintf("msg_%d", time.Now().UnixNano())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := sender.Send(ctx, &http.Client{Timeout: 30 * time.Second}, sender.Delivery{
+		URL: url, ID: id, Body: body, Secret: []byte(strings.TrimSpace(secret)), Header: extra,
+		Timestamp: time.Now().Add(skew),
+		Signature: signature.Config{Scheme: scheme, Header: header, Prefix: prefix, Encoding: encoding, TimestampHeader: tsHeader},
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%d %s", resp.Status, resp.Body)
+	if resp.Status >= 300 {
+		return fmt.Errorf("receiver answered %d", resp.Status)
+	}
+	return nil
+}

@@ -1,0 +1,569 @@
+// Package extract turns an authenticated delivery into the facts a WebhookEvent
+// records: its event ID and type, sequence, canonical payload hash, and, through the
+// provider's routes, the job completions and settlements it asks for.
+//
+// A provider's spec is compiled once (every JSONPath parsed) and evaluated for every
+// delivery. The WebhookProvider controller compiles the same spec to report a bad
+// configuration as Ready=False before any delivery arrives.
+package extract
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/payload"
+	"github.com/settlement-operator/settlement-operator/internal/signature"
+)
+
+// MaxFactsPerEvent bounds the facts one event may carry, matching the CRD's MaxItems,
+// so an oversized forEach is refused with a clear error instead of by the API server.
+const MaxFactsPerEvent = 64
+
+// DerivedIDPrefix marks event IDs derived from business fields (eventID.derivedFrom).
+const DerivedIDPrefix = "drv_"
+
+// ErrInvalidEvent wraps every problem with a delivery's content (as opposed to its
+// signature or our own failures); the receiver answers it with 400.
+var ErrInvalidEvent = errors.New("invalid event")
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidEvent, fmt.Sprintf(format, args...))
+}
+
+var (
+	quantityPattern = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?$`)
+	currencyPattern = regexp.MustCompile(`^[A-Z]{3}$`)
+)
+
+// Extractor is a compiled WebhookProvider spec. It is immutable and safe for
+// concurrent use.
+type Extractor struct {
+	provider      string
+	eventIDHeader string
+	eventIDPath   *payload.Path
+	derivedFrom   []payload.Path
+	typeHeader    string
+	typePath      *payload.Path
+	sequence      *payload.Path
+	hashFields    []payload.Path
+	storeUnrouted bool
+	routes        map[string][]operation
+}
+
+type operation struct {
+	typ     hooksv1alpha1.OperationType
+	forEach *payload.Path
+	job     *jobMapping
+	stl     *settlementMapping
+}
+
+type usageMapping struct {
+	quantity  payload.Path
+	meter     string
+	meterPath *payload.Path
+	unit      string
+}
+
+type jobMapping struct {
+	jobID       payload.Path
+	version     *payload.Path
+	state       *payload.Path
+	completedAt *payload.Path
+	usage       *usageMapping
+	sink        *hooksv1alpha1.JobSink
+}
+
+type settlementMapping struct {
+	billingProvider string
+	jobID           *payload.Path
+	keyFrom         []payload.Path
+	customer        payload.Path
+	usage           *usageMapping
+	amountMinor     *payload.Path
+	currency        string
+	currencyPath    *payload.Path
+}
+
+// Compile parses every path of a provider's spec. The error lists the first bad path
+// with the field it sits in, for the provider's Ready condition.
+func Compile(providerName string, spec *hooksv1alpha1.WebhookProviderSpec) (*Extractor, error) {
+	c := &compiler{}
+	x := &Extractor{
+		provider:      providerName,
+		eventIDHeader: spec.EventID.Header,
+		eventIDPath:   c.optional("spec.eventID.jsonPath", spec.EventID.JSONPath),
+		typeHeader:    spec.EventType.Header,
+		typePath:      c.optional("spec.eventType.jsonPath", spec.EventType.JSONPath),
+		sequence:      c.optional("spec.sequence", spec.Sequence),
+		storeUnrouted: spec.StoreUnroutedEvents,
+		routes:        map[string][]operation{},
+	}
+	for i, p := range spec.EventID.DerivedFrom {
+		x.derivedFrom = append(x.derivedFrom, c.required(fmt.Sprintf("spec.eventID.derivedFrom[%d]", i), p))
+	}
+	for i, p := range spec.HashFields {
+		x.hashFields = append(x.hashFields, c.required(fmt.Sprintf("spec.hashFields[%d]", i), p))
+	}
+	if x.eventIDHeader == "" && x.eventIDPath == nil && len(x.derivedFrom) == 0 {
+		c.fail("spec.eventID: set one of header, jsonPath or derivedFrom")
+	}
+	if x.typeHeader == "" && x.typePath == nil {
+		c.fail("spec.eventType: set one of header or jsonPath")
+	}
+	for ri, r := range spec.Routes {
+		if _, dup := x.routes[r.EventType]; dup {
+			c.fail("spec.routes[%d]: event type %q has two routes", ri, r.EventType)
+		}
+		var ops []operation
+		for oi, o := range r.Operations {
+			at := fmt.Sprintf("spec.routes[%d].operations[%d]", ri, oi)
+			op := operation{typ: o.Type, forEach: c.optional(at+".forEach", o.ForEach)}
+			switch o.Type {
+			case hooksv1alpha1.OperationJobCompletion:
+				if o.JobCompletion == nil {
+					c.fail("%s: type JobCompletion needs jobCompletion", at)
+					continue
+				}
+				m := o.JobCompletion
+				op.job = &jobMapping{
+					jobID:       c.required(at+".jobCompletion.jobID", m.JobID),
+					version:     c.optional(at+".jobCompletion.completionVersion", m.CompletionVersion),
+					state:       c.optional(at+".jobCompletion.state", m.State),
+					completedAt: c.optional(at+".jobCompletion.completedAt", m.CompletedAt),
+					usage:       c.usage(at+".jobCompletion.usage", m.Usage),
+					sink:        m.Sink,
+				}
+			case hooksv1alpha1.OperationBillingSettlement:
+				if o.Settlement == nil {
+					c.fail("%s: type BillingSettlement needs settlement", at)
+					continue
+				}
+				m := o.Settlement
+				sm := &settlementMapping{
+					billingProvider: m.BillingProviderRef,
+					jobID:           c.optional(at+".settlement.jobID", m.JobID),
+					customer:        c.required(at+".settlement.customer", m.Customer),
+					usage:           c.usage(at+".settlement.usage", m.Usage),
+				}
+				for i, p := range m.KeyFrom {
+					sm.keyFrom = append(sm.keyFrom, c.required(fmt.Sprintf("%s.settlement.keyFrom[%d]", at, i), p))
+				}
+				if sm.jobID == nil && len(sm.keyFrom) == 0 {
+					c.fail("%s.settlement: set keyFrom, or jobID for the default key <provider>/<jobID>", at)
+				}
+				if m.Amount != nil {
+					sm.amountMinor = c.optional(at+".settlement.amount.minor", m.Amount.Minor)
+					sm.currency = m.Amount.Currency
+					sm.currencyPath = c.optional(at+".settlement.amount.currencyPath", m.Amount.CurrencyPath)
+					if sm.currency == "" && sm.currencyPath == nil {
+						c.fail("%s.settlement.amount: set currency or currencyPath", at)
+					}
+				}
+				if sm.usage == nil && sm.amountMinor == nil {
+					c.fail("%s.settlement: needs usage, amount or both", at)
+				}
+				op.stl = sm
+			default:
+				c.fail("%s: unknown operation type %q", at, o.Type)
+			}
+			ops = append(ops, op)
+		}
+		x.routes[r.EventType] = ops
+	}
+	if c.err != nil {
+		return nil, c.err
+	}
+	return x, nil
+}
+
+// compiler collects the first error while parsing many paths, so Compile reads as a
+// list of fields rather than a ladder of error checks.
+type compiler struct{ err error }
+
+func (c *compiler) fail(format string, args ...any) {
+	if c.err == nil {
+		c.err = fmt.Errorf(format, args...)
+	}
+}
+
+func (c *compiler) required(field, text string) payload.Path {
+	if text == "" {
+		c.fail("%s: a JSON path is required", field)
+		return payload.Path{}
+	}
+	p, err := payload.ParsePath(text)
+	if err != nil {
+		c.fail("%s: %v", field, err)
+	}
+	return p
+}
+
+func (c *compiler) optional(field, text string) *payload.Path {
+	if text == "" {
+		return nil
+	}
+	p := c.required(field, text)
+	return &p
+}
+
+func (c *compiler) usage(field string, m *hooksv1alpha1.UsageMapping) *usageMapping {
+	if m == nil {
+		return nil
+	}
+	u := &usageMapping{
+		quantity:  c.required(field+".quantity", m.Quantity),
+		meter:     m.Meter,
+		meterPath: c.optional(field+".meterPath", m.MeterPath),
+		unit:      m.Unit,
+	}
+	if u.meter == "" && u.meterPath == nil {
+		c.fail("%s: set meter or meterPath", field)
+	}
+	return u
+}
+
+// Event is what a delivery says, ready to become a WebhookEvent.
+type Event struct {
+	ID          string
+	Type        string
+	Sequence    *int64
+	PayloadHash string
+	// Routed is false when no route matches the type.
+	Routed bool
+	// Store is false for an unrouted event the provider does not want stored.
+	Store          bool
+	JobCompletions []hooksv1alpha1.JobCompletionFacts
+	Settlements    []hooksv1alpha1.SettlementFacts
+}
+
+// Identify reads the event ID, type and canonical hash: everything needed to answer a
+// duplicate, before the (costlier) route extraction. doc is the decoded body.
+func (x *Extractor) Identify(h http.Header, body []byte, doc any) (*Event, error) {
+	ev := &Event{}
+	var err error
+	if ev.ID, err = x.eventID(h, doc); err != nil {
+		return nil, err
+	}
+	switch {
+	case x.typeHeader != "":
+		ev.Type = strings.TrimSpace(h.Get(x.typeHeader))
+	default:
+		if ev.Type, _, err = x.typePath.LookupString(doc, nil); err != nil {
+			return nil, invalid("event type: %v", err)
+		}
+	}
+	if ev.Type == "" {
+		return nil, invalid("event type is missing (%s)", x.typeSource())
+	}
+	if x.sequence != nil {
+		n, found, err := x.sequence.LookupInt64(doc, nil)
+		if err != nil {
+			return nil, invalid("sequence: %v", err)
+		}
+		if found {
+			ev.Sequence = &n
+		}
+	}
+	if ev.PayloadHash, err = x.hash(body, doc); err != nil {
+		return nil, err
+	}
+	ops, routed := x.routes[ev.Type]
+	ev.Routed = routed && len(ops) > 0
+	ev.Store = ev.Routed || x.storeUnrouted
+	return ev, nil
+}
+
+func (x *Extractor) typeSource() string {
+	if x.typeHeader != "" {
+		return "header " + x.typeHeader
+	}
+	return "JSON path " + x.typePath.String()
+}
+
+func (x *Extractor) eventID(h http.Header, doc any) (string, error) {
+	var id string
+	switch {
+	case x.eventIDHeader != "":
+		id = strings.TrimSpace(h.Get(x.eventIDHeader))
+		if id == "" {
+			return "", invalid("event ID is missing (header %s)", x.eventIDHeader)
+		}
+	case x.eventIDPath != nil:
+		v, found, err := x.eventIDPath.LookupString(doc, nil)
+		if err != nil {
+			return "", invalid("event ID: %v", err)
+		}
+		if !found || v == "" {
+			return "", invalid("event ID is missing (JSON path %s)", x.eventIDPath)
+		}
+		id = v
+	default:
+		values := make([]string, 0, len(x.derivedFrom))
+		for _, p := range x.derivedFrom {
+			v, found, err := p.LookupString(doc, nil)
+			if err != nil {
+				return "", invalid("event ID field: %v", err)
+			}
+			if !found || v == "" {
+				return "", invalid("event ID field %s is missing", p)
+			}
+			values = append(values, v)
+		}
+		id = DerivedIDPrefix + identity.Hash32(values...)
+	}
+	if len(id) > 512 {
+		return "", invalid("event ID is %d bytes long; at most 512 are accepted", len(id))
+	}
+	return id, nil
+}
+
+func (x *Extractor) hash(body []byte, doc any) (string, error) {
+	if len(x.hashFields) == 0 {
+		h, err := identity.CanonicalHash(body)
+		if err != nil {
+			return "", invalid("canonical hash: %v", err)
+		}
+		return h, nil
+	}
+	fields := make(map[string]any, len(x.hashFields))
+	for _, p := range x.hashFields {
+		v, found, err := p.Lookup(doc, nil)
+		if err != nil {
+			return "", invalid("hash field: %v", err)
+		}
+		if found {
+			fields[p.String()] = v
+		}
+	}
+	h, err := identity.CanonicalHashOf(fields)
+	if err != nil {
+		return "", invalid("canonical hash of hashFields: %v", err)
+	}
+	return h, nil
+}
+
+// Facts runs the event's route over the payload and fills ev's job completions and
+// settlements. Every missing or malformed field is an ErrInvalidEvent naming the path.
+func (x *Extractor) Facts(ev *Event, doc any) error {
+	for oi, op := range x.routes[ev.Type] {
+		items := []any{nil}
+		if op.forEach != nil {
+			list, found, err := op.forEach.LookupList(doc, nil)
+			if err != nil {
+				return invalid("operation %d forEach: %v", oi, err)
+			}
+			if !found {
+				return invalid("operation %d forEach: %s is missing", oi, op.forEach)
+			}
+			items = list
+		}
+		for _, item := range items {
+			switch {
+			case op.job != nil:
+				f, err := x.jobFacts(op.job, ev, doc, item)
+				if err != nil {
+					return err
+				}
+				ev.JobCompletions = append(ev.JobCompletions, f)
+			case op.stl != nil:
+				f, err := x.settlementFacts(op.stl, doc, item)
+				if err != nil {
+					return err
+				}
+				ev.Settlements = append(ev.Settlements, f)
+			}
+		}
+	}
+	if n := len(ev.JobCompletions); n > MaxFactsPerEvent {
+		return invalid("the event yields %d job completions; at most %d per event", n, MaxFactsPerEvent)
+	}
+	if n := len(ev.Settlements); n > MaxFactsPerEvent {
+		return invalid("the event yields %d settlements; at most %d per event", n, MaxFactsPerEvent)
+	}
+	return nil
+}
+
+func requiredString(p payload.Path, doc, item any, what string, maxLen int) (string, error) {
+	v, found, err := p.LookupString(doc, item)
+	if err != nil {
+		return "", invalid("%s: %v", what, err)
+	}
+	if !found || v == "" {
+		return "", invalid("%s is missing (JSON path %s)", what, p)
+	}
+	if len(v) > maxLen {
+		return "", invalid("%s is %d bytes long; at most %d are accepted", what, len(v), maxLen)
+	}
+	return v, nil
+}
+
+func (x *Extractor) jobFacts(m *jobMapping, ev *Event, doc, item any) (hooksv1alpha1.JobCompletionFacts, error) {
+	f := hooksv1alpha1.JobCompletionFacts{State: hooksv1alpha1.JobSucceeded, Sink: m.sink.DeepCopy()}
+	var err error
+	if f.JobID, err = requiredString(m.jobID, doc, item, "job ID", 256); err != nil {
+		return f, err
+	}
+	switch {
+	case m.version != nil:
+		v, found, err := m.version.LookupInt64(doc, item)
+		if err != nil {
+			return f, invalid("completion version: %v", err)
+		}
+		if !found {
+			return f, invalid("completion version is missing (JSON path %s)", m.version)
+		}
+		f.Version = v
+	case ev.Sequence != nil:
+		f.Version = *ev.Sequence
+	default:
+		f.Version = 1
+	}
+	if f.Version < 0 {
+		return f, invalid("completion version %d is negative", f.Version)
+	}
+	if m.state != nil {
+		s, err := requiredString(*m.state, doc, item, "job state", 64)
+		if err != nil {
+			return f, err
+		}
+		if f.State, err = ParseJobState(s); err != nil {
+			return f, err
+		}
+	}
+	if m.completedAt != nil {
+		s, found, err := m.completedAt.LookupString(doc, item)
+		if err != nil {
+			return f, invalid("completedAt: %v", err)
+		}
+		if found {
+			t, err := time.Parse(time.RFC3339Nano, s)
+			if err != nil {
+				return f, invalid("completedAt %q is not an RFC 3339 time", truncate(s))
+			}
+			mt := metav1.NewTime(t.UTC())
+			f.CompletedAt = &mt
+		}
+	}
+	if m.usage != nil {
+		if f.Usage, err = usageFacts(m.usage, doc, item); err != nil {
+			return f, err
+		}
+	}
+	return f, nil
+}
+
+func (x *Extractor) settlementFacts(m *settlementMapping, doc, item any) (hooksv1alpha1.SettlementFacts, error) {
+	f := hooksv1alpha1.SettlementFacts{BillingProviderRef: m.billingProvider}
+	var err error
+	if m.jobID != nil {
+		if f.JobID, err = requiredString(*m.jobID, doc, item, "job ID", 256); err != nil {
+			return f, err
+		}
+	}
+	if len(m.keyFrom) > 0 {
+		parts := []string{x.provider}
+		for _, p := range m.keyFrom {
+			v, err := requiredString(p, doc, item, "settlement key field", 256)
+			if err != nil {
+				return f, err
+			}
+			parts = append(parts, v)
+		}
+		f.SettlementKey = strings.Join(parts, "/")
+	} else {
+		f.SettlementKey = identity.DefaultSettlementKey(x.provider, f.JobID)
+	}
+	if len(f.SettlementKey) > 512 {
+		return f, invalid("settlement key is %d bytes long; at most 512 are accepted", len(f.SettlementKey))
+	}
+	if f.Customer, err = requiredString(m.customer, doc, item, "customer", 256); err != nil {
+		return f, err
+	}
+	if m.usage != nil {
+		if f.Usage, err = usageFacts(m.usage, doc, item); err != nil {
+			return f, err
+		}
+	}
+	if m.amountMinor != nil {
+		minor, found, err := m.amountMinor.LookupInt64(doc, item)
+		if err != nil {
+			return f, invalid("amount: %v", err)
+		}
+		if !found {
+			return f, invalid("amount is missing (JSON path %s)", m.amountMinor)
+		}
+		if minor < 0 {
+			return f, invalid("amount %d is negative; refunds are settlements of type Refund", minor)
+		}
+		currency := m.currency
+		if m.currencyPath != nil {
+			if currency, err = requiredString(*m.currencyPath, doc, item, "currency", 3); err != nil {
+				return f, err
+			}
+			currency = strings.ToUpper(currency)
+		}
+		if !currencyPattern.MatchString(currency) {
+			return f, invalid("currency %q is not an ISO 4217 code", truncate(currency))
+		}
+		f.Amount = &hooksv1alpha1.Amount{Minor: minor, Currency: currency}
+	}
+	return f, nil
+}
+
+func usageFacts(m *usageMapping, doc, item any) (*hooksv1alpha1.Usage, error) {
+	q, err := requiredString(m.quantity, doc, item, "usage quantity", 40)
+	if err != nil {
+		return nil, err
+	}
+	if !quantityPattern.MatchString(q) {
+		return nil, invalid("usage quantity %q is not a non-negative decimal (no sign, no exponent)", truncate(q))
+	}
+	u := &hooksv1alpha1.Usage{Quantity: q, Meter: m.meter, Unit: m.unit}
+	if m.meterPath != nil {
+		if u.Meter, err = requiredString(*m.meterPath, doc, item, "meter", 128); err != nil {
+			return nil, err
+		}
+	}
+	return u, nil
+}
+
+// ParseJobState maps what senders write to a JobState: the three names in any case,
+// plus the common spellings "success", "completed", "error" and "canceled".
+func ParseJobState(s string) (hooksv1alpha1.JobState, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "succeeded", "success", "successful", "completed", "complete":
+		return hooksv1alpha1.JobSucceeded, nil
+	case "failed", "failure", "error", "errored":
+		return hooksv1alpha1.JobFailed, nil
+	case "cancelled", "canceled":
+		return hooksv1alpha1.JobCancelled, nil
+	}
+	return "", invalid("job state %q is not one of Succeeded, Failed, Cancelled", truncate(s))
+}
+
+func truncate(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
+}
+
+// SignatureConfig maps a provider's signature spec to the verifier's configuration.
+func SignatureConfig(s *hooksv1alpha1.SignatureSpec) signature.Config {
+	cfg := signature.Config{
+		Scheme: string(s.Scheme), Header: s.Header, Prefix: s.Prefix,
+		Encoding: string(s.Encoding), TimestampHeader: s.TimestampHeader,
+	}
+	if s.Tolerance != nil {
+		cfg.Tolerance = s.Tolerance.Duration
+	}
+	return cfg
+}

@@ -1,0 +1,52 @@
+package receiver
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Outcomes label every answer; they are a closed set so the metric's cardinality is
+// bounded whatever senders do.
+const (
+	OutcomeAccepted          = "accepted"
+	OutcomeDuplicate         = "duplicate"
+	OutcomeIgnored           = "ignored"
+	OutcomeConflict          = "conflicting_event_reuse"
+	OutcomeMethodNotAllowed  = "method_not_allowed"
+	OutcomeUnsupportedType   = "unsupported_media_type"
+	OutcomeTooLarge          = "payload_too_large"
+	OutcomeUnknownProvider   = "unknown_provider"
+	OutcomeUnauthorized      = "invalid_signature"
+	OutcomeBadRequest        = "invalid_event"
+	OutcomeTooManyRequests   = "too_many_requests"
+	OutcomeUnavailable       = "unavailable"
+	OutcomeProviderNotReady  = "provider_not_ready"
+	outcomeLabelUnknownValue = "unknown"
+)
+
+var (
+	requestsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_receiver_requests_total",
+		Help: "Webhook deliveries answered, by provider (namespace/name; \"unknown\" for unknown providers) and outcome.",
+	}, []string{"provider", "outcome"})
+
+	requestDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "settlement_receiver_request_duration_seconds",
+		Help:    "Time from request start to answer, by outcome.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"outcome"})
+
+	inFlight = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "settlement_receiver_in_flight_requests",
+		Help: "Webhook deliveries being processed now.",
+	})
+
+	signatureSecretIndex = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_receiver_signature_key_matches_total",
+		Help: "Verified deliveries by provider and the index (sorted by Secret key name) of the key that matched; an old key with no matches can be removed.",
+	}, []string{"provider", "key_index"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(requestsTotal, requestDuration, inFlight, signatureSecretIndex)
+}

@@ -1,0 +1,516 @@
+// Package receiver is the webhook ingestion endpoint (DESIGN §4): it authenticates a
+// delivery, extracts its facts and stores it as exactly one WebhookEvent, and answers
+// 2xx only once the API server has accepted that write or the delivery is proven to
+// be a duplicate of one it accepted.
+package receiver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/extract"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/payload"
+	"github.com/settlement-operator/settlement-operator/internal/signature"
+)
+
+// PathPrefix is where senders post: PathPrefix + "{namespace}/{provider}".
+const PathPrefix = identity.EndpointPathPrefix
+
+// EndpointPath is the path a provider's senders post to.
+func EndpointPath(namespace, provider string) string {
+	return identity.EndpointPath(namespace, provider)
+}
+
+// Options tune the receiver; zero values take the defaults in parentheses.
+type Options struct {
+	// BindAddress is the listen address (":8090").
+	BindAddress string
+	// MaxBodyBytes caps a delivery's body (1 MiB); larger ones get 413.
+	MaxBodyBytes int64
+	// MaxInFlight bounds concurrent deliveries (64); more get 429, protecting the API
+	// server from a burst the receiver could only turn into timeouts.
+	MaxInFlight int
+	// APITimeout bounds each API-server call of a delivery (10s); past it the answer
+	// is 503 and the sender retries.
+	APITimeout time.Duration
+	// RetryAfter is the Retry-After given with 503 (5s) and 429 (1s).
+	RetryAfter, BusyRetryAfter time.Duration
+	// ReadHeaderTimeout (5s), ReadTimeout (30s), WriteTimeout (30s), IdleTimeout (2m)
+	// cut off slow or idle clients.
+	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// ShutdownTimeout bounds the wait for in-flight deliveries at shutdown (25s).
+	ShutdownTimeout time.Duration
+	// SecretTTL is how long a signing Secret is cached (30s).
+	SecretTTL time.Duration
+	// Now is the clock for signature timestamps (time.Now).
+	Now func() time.Time
+}
+
+func (o *Options) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if o.BindAddress == "" {
+		o.BindAddress = ":8090"
+	}
+	if o.MaxBodyBytes == 0 {
+		o.MaxBodyBytes = 1 << 20
+	}
+	if o.MaxInFlight == 0 {
+		o.MaxInFlight = 64
+	}
+	def(&o.APITimeout, 10*time.Second)
+	def(&o.RetryAfter, 5*time.Second)
+	def(&o.BusyRetryAfter, time.Second)
+	def(&o.ReadHeaderTimeout, 5*time.Second)
+	def(&o.ReadTimeout, 30*time.Second)
+	def(&o.WriteTimeout, 30*time.Second)
+	def(&o.IdleTimeout, 2*time.Minute)
+	def(&o.ShutdownTimeout, 25*time.Second)
+	def(&o.SecretTTL, 30*time.Second)
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// The receiver reads providers and events from the cache, creates events, reads
+// signing Secrets by name and records Warning events for conflicting reuse.
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookproviders,verbs=get;list;watch
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Receiver is a manager.Runnable serving the webhook endpoint on every replica.
+type Receiver struct {
+	opts Options
+	// cache reads providers and events from the manager's informers; writer creates
+	// events directly on the API server; live reads the API server when the cache
+	// cannot know yet (an AlreadyExists for an object it has not seen).
+	cache    client.Reader
+	writer   client.Writer
+	live     client.Reader
+	recorder recorder.EventRecorder
+	secrets  *secretCache
+	slots    chan struct{}
+
+	mu         sync.Mutex
+	extractors map[types.UID]compiled
+
+	addrMu   sync.Mutex
+	addr     net.Addr
+	listener chan struct{}
+}
+
+type compiled struct {
+	generation int64
+	x          *extract.Extractor
+	sig        signature.Config
+}
+
+// New builds a Receiver. cache must be backed by informers for WebhookProvider and
+// WebhookEvent (the manager's cache); live must read the API server directly.
+func New(opts Options, cache client.Reader, writer client.Writer, live client.Reader, rec recorder.EventRecorder) *Receiver {
+	opts.defaults()
+	return &Receiver{
+		opts: opts, cache: cache, writer: writer, live: live, recorder: rec,
+		secrets:    newSecretCache(live, opts.SecretTTL, 5*time.Second),
+		slots:      make(chan struct{}, opts.MaxInFlight),
+		extractors: map[types.UID]compiled{},
+		listener:   make(chan struct{}),
+	}
+}
+
+// NeedLeaderElection is false: every replica receives webhooks.
+func (r *Receiver) NeedLeaderElection() bool { return false }
+
+// Addr returns the bound address once the receiver listens (useful with port 0).
+func (r *Receiver) Addr(ctx context.Context) (net.Addr, error) {
+	select {
+	case <-r.listener:
+		r.addrMu.Lock()
+		defer r.addrMu.Unlock()
+		return r.addr, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Handler returns the HTTP handler, for tests and for embedding.
+func (r *Receiver) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc(PathPrefix+"{namespace}/{provider}", r.serve)
+	return mux
+}
+
+// Start listens until ctx is cancelled, then stops accepting and lets in-flight
+// deliveries finish (up to ShutdownTimeout): a delivery being stored is answered.
+func (r *Receiver) Start(ctx context.Context) error {
+	logger := log.FromContext(ctx).WithName("receiver")
+	srv := &http.Server{
+		Handler:           r.Handler(),
+		ReadHeaderTimeout: r.opts.ReadHeaderTimeout,
+		ReadTimeout:       r.opts.ReadTimeout,
+		WriteTimeout:      r.opts.WriteTimeout,
+		IdleTimeout:       r.opts.IdleTimeout,
+		MaxHeaderBytes:    64 << 10,
+		BaseContext:       func(net.Listener) context.Context { return log.IntoContext(context.Background(), logger) },
+	}
+	ln, err := net.Listen("tcp", r.opts.BindAddress)
+	if err != nil {
+		return fmt.Errorf("receiver listen on %s: %w", r.opts.BindAddress, err)
+	}
+	r.addrMu.Lock()
+	r.addr = ln.Addr()
+	r.addrMu.Unlock()
+	close(r.listener)
+	logger.Info("receiving webhooks", "address", ln.Addr().String(), "path", PathPrefix+"{namespace}/{provider}")
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("receiver: %w", err)
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), r.opts.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("receiver shutdown: %w", err)
+	}
+	logger.Info("receiver stopped")
+	return nil
+}
+
+// answer is one response: the status code, the JSON body and the metric outcome.
+type answer struct {
+	code       int
+	outcome    string
+	event      string
+	message    string
+	retryAfter time.Duration
+}
+
+func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
+	start := time.Now()
+	ns, name := req.PathValue("namespace"), req.PathValue("provider")
+	providerLabel := outcomeLabelUnknownValue
+	a := r.handle(req, ns, name, &providerLabel)
+	requestsTotal.WithLabelValues(providerLabel, a.outcome).Inc()
+	requestDuration.WithLabelValues(a.outcome).Observe(time.Since(start).Seconds())
+
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	if a.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((a.retryAfter+time.Second-1)/time.Second)))
+	}
+	if a.code == http.StatusMethodNotAllowed {
+		w.Header().Set("Allow", http.MethodPost)
+	}
+	w.WriteHeader(a.code)
+	var body any
+	if a.code < 300 || a.code == http.StatusConflict {
+		body = map[string]string{"status": a.outcome, "event": a.event}
+		if a.code == http.StatusConflict {
+			body = map[string]string{"error": a.outcome, "event": a.event, "message": a.message}
+		}
+	} else {
+		body = map[string]string{"error": a.outcome, "message": a.message}
+	}
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+func (r *Receiver) handle(req *http.Request, ns, name string, providerLabel *string) answer {
+	ctx := req.Context()
+	logger := log.FromContext(ctx).WithValues("namespace", ns, "provider", name)
+
+	// 1. Method, media type, concurrency, size: cheap refusals first.
+	if req.Method != http.MethodPost {
+		return answer{code: http.StatusMethodNotAllowed, outcome: OutcomeMethodNotAllowed, message: "only POST is accepted"}
+	}
+	if !isJSON(req.Header.Get("Content-Type")) {
+		return answer{code: http.StatusUnsupportedMediaType, outcome: OutcomeUnsupportedType,
+			message: "Content-Type must be application/json"}
+	}
+	select {
+	case r.slots <- struct{}{}:
+		defer func() { <-r.slots }()
+	default:
+		return answer{code: http.StatusTooManyRequests, outcome: OutcomeTooManyRequests,
+			message: "too many deliveries in flight; retry later", retryAfter: r.opts.BusyRetryAfter}
+	}
+	inFlight.Inc()
+	defer inFlight.Dec()
+
+	body, err := io.ReadAll(http.MaxBytesReader(nil, req.Body, r.opts.MaxBodyBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return answer{code: http.StatusRequestEntityTooLarge, outcome: OutcomeTooLarge,
+				message: fmt.Sprintf("body exceeds %d bytes", r.opts.MaxBodyBytes)}
+		}
+		return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: "could not read the body"}
+	}
+
+	// 2. Provider, from the informer cache: an unknown provider costs no API call.
+	var provider hooksv1alpha1.WebhookProvider
+	if err := r.cache.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &provider); err != nil {
+		if apierrors.IsNotFound(err) {
+			return answer{code: http.StatusNotFound, outcome: OutcomeUnknownProvider,
+				message: fmt.Sprintf("no WebhookProvider %s/%s", ns, name)}
+		}
+		logger.Error(err, "provider lookup failed")
+		return r.unavailable("provider lookup failed")
+	}
+	*providerLabel = ns + "/" + name
+	c, err := r.compiledFor(&provider)
+	if err != nil {
+		// Our configuration is wrong, not the delivery: 503 keeps the sender retrying
+		// until it is fixed; the provider's Ready condition says what is wrong.
+		logger.Info("provider configuration is invalid", "error", err.Error())
+		return answer{code: http.StatusServiceUnavailable, outcome: OutcomeProviderNotReady,
+			message: "the provider's configuration is invalid; see its Ready condition", retryAfter: r.opts.RetryAfter}
+	}
+
+	// 3. Signature.
+	verified, a, ok := r.verify(ctx, &provider, c.sig, req.Header, body)
+	if !ok {
+		return a
+	}
+	signatureSecretIndex.WithLabelValues(*providerLabel, strconv.Itoa(verified.SecretIndex)).Inc()
+
+	// 4. Parse, identify, route.
+	doc, err := payload.Decode(body)
+	if err != nil {
+		return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: "malformed JSON: " + err.Error()}
+	}
+	ev, err := c.x.Identify(req.Header, body, doc)
+	if err != nil {
+		return badRequest(err)
+	}
+	eventName := identity.EventName(ns, name, ev.ID)
+	if !ev.Store {
+		return answer{code: http.StatusOK, outcome: OutcomeIgnored, message: "no route for this event type"}
+	}
+
+	// 5/6. A duplicate is answered from a cached read, with no write at all.
+	var existing hooksv1alpha1.WebhookEvent
+	if err := r.cache.Get(ctx, types.NamespacedName{Namespace: ns, Name: eventName}, &existing); err == nil {
+		return r.compare(ctx, &provider, &existing, ev)
+	}
+
+	apiCtx, cancel := context.WithTimeout(ctx, r.opts.APITimeout)
+	defer cancel()
+	if ev.Routed {
+		if err := c.x.Facts(ev, doc); err != nil {
+			// The same delivery may have been stored before its facts became
+			// unreadable (the route changed) or before our cache saw it: a redelivery
+			// of a stored event is still a duplicate, never a 400.
+			if gerr := r.live.Get(apiCtx, types.NamespacedName{Namespace: ns, Name: eventName}, &existing); gerr == nil {
+				return r.compare(ctx, &provider, &existing, ev)
+			}
+			return badRequest(err)
+		}
+	}
+	obj := r.newEvent(ns, eventName, &provider, ev, body)
+	err = r.writer.Create(apiCtx, obj)
+	switch {
+	case err == nil:
+		logger.V(1).Info("event accepted", "event", eventName, "type", ev.Type)
+		return answer{code: http.StatusOK, outcome: OutcomeAccepted, event: eventName}
+	case apierrors.IsAlreadyExists(err):
+		// Created concurrently, or before our cache saw it: read it live.
+		if err := r.live.Get(apiCtx, client.ObjectKeyFromObject(obj), &existing); err != nil {
+			logger.Error(err, "reading the existing event failed", "event", eventName)
+			return r.unavailable("could not read the existing event")
+		}
+		return r.compare(ctx, &provider, &existing, ev)
+	case apierrors.IsInvalid(err):
+		// The content passed our checks but not the CRD's: a delivery problem, named.
+		return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: invalidMessage(err)}
+	default:
+		logger.Error(err, "storing the event failed", "event", eventName)
+		return r.unavailable("the event could not be stored")
+	}
+}
+
+func (r *Receiver) unavailable(msg string) answer {
+	return answer{code: http.StatusServiceUnavailable, outcome: OutcomeUnavailable,
+		message: msg + "; nothing was acknowledged, retry later", retryAfter: r.opts.RetryAfter}
+}
+
+func badRequest(err error) answer {
+	return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: err.Error()}
+}
+
+// verify checks the signature against the provider's secrets, refreshing them once
+// on a mismatch in case the sender already signs with a newly added key.
+func (r *Receiver) verify(ctx context.Context, p *hooksv1alpha1.WebhookProvider, cfg signature.Config,
+	h http.Header, body []byte) (signature.Result, answer, bool) {
+	key := types.NamespacedName{Namespace: p.Namespace, Name: p.Spec.Signature.SecretRef.Name}
+	apiCtx, cancel := context.WithTimeout(ctx, r.opts.APITimeout)
+	defer cancel()
+	secrets, fresh, err := r.secrets.get(apiCtx, key, false)
+	if err != nil {
+		log.FromContext(ctx).Error(err, "signing secret unavailable", "secret", key.Name)
+		return signature.Result{}, answer{code: http.StatusServiceUnavailable, outcome: OutcomeProviderNotReady,
+			message: "the provider's signing secret is unavailable; retry later", retryAfter: r.opts.RetryAfter}, false
+	}
+	res, err := signature.Verify(cfg, secrets, h, body, r.opts.Now())
+	if errors.Is(err, signature.ErrSignatureMismatch) && !fresh {
+		if again, refreshed, gerr := r.secrets.get(apiCtx, key, true); gerr == nil && refreshed {
+			res, err = signature.Verify(cfg, again, h, body, r.opts.Now())
+		}
+	}
+	switch {
+	case err == nil:
+		return res, answer{}, true
+	case errors.Is(err, signature.ErrNoSecrets), errors.Is(err, signature.ErrInvalidConfig):
+		return res, answer{code: http.StatusServiceUnavailable, outcome: OutcomeProviderNotReady,
+			message: "the provider's signing secret is unusable; retry later", retryAfter: r.opts.RetryAfter}, false
+	default:
+		// The error names only the failure class (missing, malformed, out of
+		// tolerance, mismatch): never a secret or the body.
+		return res, answer{code: http.StatusUnauthorized, outcome: OutcomeUnauthorized, message: err.Error()}, false
+	}
+}
+
+// compare answers a delivery whose event name already exists.
+func (r *Receiver) compare(ctx context.Context, p *hooksv1alpha1.WebhookProvider,
+	existing *hooksv1alpha1.WebhookEvent, ev *extract.Event) answer {
+	if existing.Spec.PayloadHash == ev.PayloadHash {
+		return answer{code: http.StatusOK, outcome: OutcomeDuplicate, event: existing.Name}
+	}
+	qname := identity.QuarantineName(existing.Name, ev.PayloadHash)
+	q := &hooksv1alpha1.WebhookEvent{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: existing.Namespace, Name: qname,
+			Labels: map[string]string{hooksv1alpha1.LabelProvider: p.Name},
+		},
+		Spec: hooksv1alpha1.WebhookEventSpec{
+			Provider: p.Name, EventID: ev.ID, EventType: ev.Type, Sequence: ev.Sequence,
+			PayloadHash: ev.PayloadHash, ReceivedAt: metav1.NewTime(r.opts.Now().UTC()),
+			Quarantine: &hooksv1alpha1.QuarantineInfo{
+				OriginalEvent: existing.Name, OriginalPayloadHash: existing.Spec.PayloadHash,
+			},
+		},
+	}
+	apiCtx, cancel := context.WithTimeout(ctx, r.opts.APITimeout)
+	defer cancel()
+	err := r.writer.Create(apiCtx, q)
+	switch {
+	case err == nil:
+		r.recorder.Eventf(p, existing, "Warning", hooksv1alpha1.ReasonConflictingEventReuse, "Quarantine",
+			"event ID of %s was delivered again with a different payload; quarantined as %s", existing.Name, qname)
+	case apierrors.IsAlreadyExists(err):
+		// Already quarantined by an earlier delivery: one record, one warning.
+	default:
+		log.FromContext(ctx).Error(err, "storing the quarantine record failed", "event", qname)
+		return r.unavailable("the conflicting delivery could not be recorded")
+	}
+	return answer{code: http.StatusConflict, outcome: OutcomeConflict, event: qname,
+		message: "this event ID was already received with a different payload; the delivery is quarantined and has no effect"}
+}
+
+func (r *Receiver) newEvent(ns, name string, p *hooksv1alpha1.WebhookProvider, ev *extract.Event, body []byte) *hooksv1alpha1.WebhookEvent {
+	obj := &hooksv1alpha1.WebhookEvent{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: ns, Name: name,
+			Labels: map[string]string{hooksv1alpha1.LabelProvider: p.Name},
+		},
+		Spec: hooksv1alpha1.WebhookEventSpec{
+			Provider: p.Name, EventID: ev.ID, EventType: ev.Type, Sequence: ev.Sequence,
+			PayloadHash: ev.PayloadHash, ReceivedAt: metav1.NewTime(r.opts.Now().UTC()),
+			JobCompletions: ev.JobCompletions, Settlements: ev.Settlements,
+		},
+	}
+	if raw := p.Spec.RawPayload; raw != nil && raw.Enabled {
+		limit := int(raw.MaxBytes)
+		if limit <= 0 {
+			limit = 4096
+		}
+		if len(body) > limit {
+			obj.Spec.RawPayload, obj.Spec.RawPayloadTruncated = strings.ToValidUTF8(string(body[:limit]), ""), true
+		} else {
+			obj.Spec.RawPayload = strings.ToValidUTF8(string(body), "")
+		}
+	}
+	return obj
+}
+
+// compiledFor compiles a provider's spec once per generation.
+func (r *Receiver) compiledFor(p *hooksv1alpha1.WebhookProvider) (compiled, error) {
+	r.mu.Lock()
+	c, ok := r.extractors[p.UID]
+	r.mu.Unlock()
+	if ok && c.generation == p.Generation {
+		return c, nil
+	}
+	x, err := extract.Compile(p.Name, &p.Spec)
+	if err != nil {
+		return compiled{}, err
+	}
+	c = compiled{generation: p.Generation, x: x, sig: extract.SignatureConfig(&p.Spec.Signature)}
+	if err := c.sig.Validate(); err != nil {
+		return compiled{}, err
+	}
+	r.mu.Lock()
+	r.extractors[p.UID] = c
+	r.mu.Unlock()
+	return c, nil
+}
+
+func isJSON(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || (strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
+}
+
+// invalidMessage lists the API server's field causes, which name fields, not secrets.
+func invalidMessage(err error) string {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) && status.Status().Details != nil {
+		var parts []string
+		for _, c := range status.Status().Details.Causes {
+			parts = append(parts, c.Field+": "+c.Message)
+		}
+		if len(parts) > 0 {
+			return "the event was refused: " + strings.Join(parts, "; ")
+		}
+	}
+	return "the event was refused by validation"
+}
+
+// WarmCache registers the informers the receiver reads, so they start and sync with
+// the manager's cache before the first delivery instead of on it.
+func WarmCache(ctx context.Context, informers cache.Informers) error {
+	for _, obj := range []client.Object{&hooksv1alpha1.WebhookProvider{}, &hooksv1alpha1.WebhookEvent{}} {
+		if _, err := informers.GetInformer(ctx, obj); err != nil {
+			return fmt.Errorf("register informer for %T: %w", obj, err)
+		}
+	}
+	return nil
+}
