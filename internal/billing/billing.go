@@ -1,0 +1,230 @@
+// Package billing is the only code that talks to billing providers (DESIGN §6.1).
+//
+// Everything above this package reasons in three error classes — Transient, Terminal,
+// Ambiguous — and never in HTTP status codes or socket errors: the classification is
+// done once, here, so that every caller retries, stops, or asks the provider by key for
+// exactly the same reasons (STYLE: "classify provider errors once, in the adapter").
+//
+// A settlement's idempotency key is chosen by the caller and sent unchanged on every
+// attempt; this package never invents keys, never retries on its own and never guesses
+// an outcome: when it cannot know whether the provider committed a request it says so
+// (Ambiguous) and leaves the authoritative question (Lookup) to the caller.
+package billing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Settlement types on the wire. The API's Charge/Refund/Void map onto these; they are
+// lower case because that is what the §6.1 contract says the provider expects.
+const (
+	// TypeCharge takes money from the customer.
+	TypeCharge = "charge"
+	// TypeRefund gives money back for a settled charge, as a new operation with its own key.
+	TypeRefund = "refund"
+	// TypeVoid cancels a charge that has not settled yet, again as its own operation.
+	TypeVoid = "void"
+)
+
+// Provider-side statuses of a settlement (§6.1). Pending is polled with Lookup until it
+// becomes Settled or Failed; callers must not treat Pending as either.
+const (
+	// StatusPending means the provider accepted the request but has not decided yet.
+	StatusPending = "pending"
+	// StatusSettled means the money moved; the operation is complete.
+	StatusSettled = "settled"
+	// StatusFailed means the provider decided against it (e.g. card declined); final.
+	StatusFailed = "failed"
+)
+
+// Usage is a metered quantity. Quantity stays a decimal string end to end so that no
+// amount is ever rounded through float64; it is sent as a JSON number.
+type Usage struct {
+	// Meter is the provider's name for what was used, e.g. "gpt-tokens".
+	Meter string
+	// Quantity is a non-negative decimal literal such as "1523" or "12.5".
+	Quantity string
+	// Unit names the quantity's unit, e.g. "tokens"; informational.
+	Unit string
+}
+
+// Amount is money in the currency's minor unit, because floats cannot represent cents.
+type Amount struct {
+	// Minor is the amount in minor units, e.g. 1250 for 12.50 USD.
+	Minor int64
+	// Currency is the ISO 4217 code, e.g. "USD".
+	Currency string
+}
+
+// Request is one logical financial operation as the provider sees it. The same Request
+// with the same IdempotencyKey is sent on every attempt and every replay, which is what
+// lets the provider deduplicate our retries (DESIGN §1.5).
+type Request struct {
+	// SettlementKey is the business identity of the operation, e.g. "<provider>/<jobID>".
+	SettlementKey string
+	// IdempotencyKey is the provider-side deduplication key, derived once from the
+	// settlement key and persisted in the BillingSettlement spec.
+	IdempotencyKey string
+	// Type is TypeCharge, TypeRefund or TypeVoid.
+	Type string
+	// Reverses is the settlement key a refund or void compensates; "" (sent as JSON
+	// null) for a charge.
+	Reverses string
+	// Customer is the provider's customer ID.
+	Customer string
+	// Usage is what to bill for, when the provider prices usage itself; nil to omit.
+	Usage *Usage
+	// Amount is what to bill, when the amount is known up front; nil to omit.
+	Amount *Amount
+	// Metadata is descriptive and part of what the provider compares on a repeated key,
+	// so it must be derived from stable fields only (never a time or attempt number).
+	Metadata map[string]string
+}
+
+// Record is the provider's view of one settlement, as returned by Submit, Lookup and
+// List. Fields a provider leaves out of a Submit reply are filled from the Request.
+type Record struct {
+	// ID is the provider's own reference, shown as PROVIDER-REF in kubectl.
+	ID string
+	// Status is StatusPending, StatusSettled or StatusFailed.
+	Status string
+	// FailureReason is the provider's reason when Status is StatusFailed.
+	FailureReason string
+	// SettlementKey is the business identity the provider recorded.
+	SettlementKey string
+	// IdempotencyKey is the key the record was created under; reconciliation matches on it.
+	IdempotencyKey string
+	// Customer is the provider's customer ID.
+	Customer string
+	// Type is TypeCharge, TypeRefund or TypeVoid.
+	Type string
+	// Usage is the billed usage, if any.
+	Usage *Usage
+	// Amount is the billed amount, if any.
+	Amount *Amount
+	// CreatedAt is when the provider created the record (zero when it did not say);
+	// List orders and filters by it.
+	CreatedAt time.Time
+}
+
+// Client is a billing provider behind one interface, so that controllers are written
+// once for every provider type (HTTP today, Stripe later) and tested against a fake.
+// Every error it returns carries an *Error (see AsError) that says what to do next.
+type Client interface {
+	// Submit asks the provider to carry out r under r.IdempotencyKey. Calling it again
+	// with the same Request and key is safe: the provider answers with the same record
+	// instead of charging twice.
+	Submit(ctx context.Context, r Request) (Record, error)
+	// Lookup is the authoritative answer for an ambiguous outcome: the provider's record
+	// for idempotencyKey, or found=false (and no error) when the provider has none.
+	Lookup(ctx context.Context, idempotencyKey string) (rec Record, found bool, err error)
+	// List pages through the provider's records created at or after since, for
+	// reconciliation. Pass the returned cursor back to get the next page; "" means done.
+	List(ctx context.Context, since time.Time, cursor string) (items []Record, next string, err error)
+}
+
+// Class says what a caller should do about a failed provider call. It is the only
+// property of an error that controllers branch on.
+type Class int
+
+const (
+	// Transient: the provider certainly did not act on the request (it was never
+	// received, or was refused before processing: 429, 409 key in use, connection
+	// refused). Retry with the same key after backoff (or RetryAfter).
+	Transient Class = iota + 1
+	// Terminal: the provider rejected the request and will reject it again (4xx,
+	// idempotency key reused with other parameters). Stop retrying; a human or a new
+	// operation must fix it.
+	Terminal
+	// Ambiguous: the provider may or may not have committed the request (5xx, timeout
+	// or connection lost after the request was sent, unreadable success reply). Never
+	// assume either way: retry with the same key or ask with Lookup.
+	Ambiguous
+)
+
+// String returns the class name used in conditions and events.
+func (c Class) String() string {
+	switch c {
+	case Transient:
+		return "transient"
+	case Terminal:
+		return "terminal"
+	case Ambiguous:
+		return "ambiguous"
+	default:
+		return fmt.Sprintf("Class(%d)", int(c))
+	}
+}
+
+// Error is a classified provider failure. Callers decide retry, stop or look-up from
+// Class alone; the other fields are for backoff (RetryAfter), the KeyReused special
+// case (which needs reconciliation, not a retry) and human-readable status.
+//
+// Error never contains the provider credential nor a dump of a response body, so it is
+// safe to put into status conditions and logs.
+type Error struct {
+	// Class is what to do next.
+	Class Class
+	// Code is the provider's error code when it sent one (e.g. "idempotency_key_reused"),
+	// else the HTTP status as digits (e.g. "503"), else a network condition such as
+	// "timeout", "connection_refused" or "connection_reset".
+	Code string
+	// Status is the HTTP status, or 0 when no response arrived.
+	Status int
+	// RetryAfter is the provider's requested wait (Retry-After), 0 when it gave none.
+	RetryAfter time.Duration
+	// KeyReused marks a 422 idempotency_key_reused: the key is bound to other
+	// parameters at the provider, which no retry can fix (RequiresReconciliation).
+	KeyReused bool
+	// Message is a short, human-readable explanation without secrets.
+	Message string
+	// Err is the underlying network or decoding error, if any.
+	Err error
+}
+
+// Error describes the failure in one line, e.g.
+// "ambiguous provider error (HTTP 503), retry after 2s: provider failed; it may have committed the request".
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Class.String())
+	b.WriteString(" provider error")
+	switch {
+	case e.Status != 0 && e.Code != "" && e.Code != fmt.Sprint(e.Status):
+		fmt.Fprintf(&b, " (HTTP %d %s)", e.Status, e.Code)
+	case e.Status != 0:
+		fmt.Fprintf(&b, " (HTTP %d)", e.Status)
+	case e.Code != "":
+		fmt.Fprintf(&b, " (%s)", e.Code)
+	}
+	if e.RetryAfter > 0 {
+		fmt.Fprintf(&b, ", retry after %s", e.RetryAfter)
+	}
+	if e.Message != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Message)
+	}
+	if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(e.Err.Error())
+	}
+	return b.String()
+}
+
+// Unwrap exposes the underlying cause, so errors.Is(err, context.DeadlineExceeded) and
+// friends keep working through the classification.
+func (e *Error) Unwrap() error { return e.Err }
+
+// AsError finds the classified *Error in err's chain. Callers use it instead of
+// errors.As so that the common case reads as one line; ok is false only for errors that
+// did not come from this package (which callers should treat as Ambiguous).
+func AsError(err error) (*Error, bool) {
+	var e *Error
+	if errors.As(err, &e) && e != nil {
+		return e, true
+	}
+	return nil, false
+}

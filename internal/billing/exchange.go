@@ -1,0 +1,315 @@
+package billing
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// MaxResponseBytes bounds how much of a provider reply is read, so a misbehaving
+// endpoint cannot make the manager buffer an unbounded body. Legitimate replies are a
+// few hundred bytes; a List page of 100 records is well under it.
+const MaxResponseBytes = 1 << 20
+
+// Response is a provider reply read in full (up to MaxResponseBytes), so the connection
+// is released before the caller starts interpreting it.
+type Response struct {
+	// Status is the HTTP status code.
+	Status int
+	// Header is the reply's header, e.g. for Retry-After.
+	Header http.Header
+	// Body is the reply body, at most MaxResponseBytes long.
+	Body []byte
+	// Truncated says the body was longer than MaxResponseBytes; a truncated success
+	// reply cannot be trusted and must be treated as unreadable.
+	Truncated bool
+}
+
+// Do sends req with hc and reads the reply. It is exported so that every adapter that
+// performs a foreign call (the billing provider, the job sink) classifies network
+// failures by the same rule:
+//
+//   - the connection was never established (refused, DNS failure, dial timeout, the
+//     deadline passed while waiting for a connection): the provider provably did not
+//     receive the request -> Transient;
+//   - a connection existed and the exchange failed (timeout, reset, EOF): the request
+//     may have been processed -> Ambiguous when mutating, else Transient (a read has
+//     nothing to be ambiguous about).
+//
+// The returned error is always an *Error. Non-2xx replies are not errors here: callers
+// handle the statuses their contract defines and pass the rest to StatusError.
+func Do(hc *http.Client, req *http.Request, mutating bool) (Response, error) {
+	// GetConn fires when the transport starts looking for a connection and GotConn when
+	// it has one, before a single byte of the request is written. Both only fire for
+	// transports that support httptrace (net/http's do); for others we fall back to
+	// recognising dial errors.
+	var askedConn, gotConn atomic.Bool
+	trace := &httptrace.ClientTrace{
+		GetConn: func(string) { askedConn.Store(true) },
+		GotConn: func(httptrace.GotConnInfo) { gotConn.Store(true) },
+	}
+	if err := req.Context().Err(); err != nil {
+		// Already cancelled or past its deadline: nothing will be sent.
+		return Response{}, transportError(err, true, mutating)
+	}
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+
+	resp, err := hc.Do(req)
+	if err != nil {
+		neverConnected := askedConn.Load() && !gotConn.Load()
+		return Response{}, transportError(err, neverConnected, mutating)
+	}
+	defer resp.Body.Close()
+
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
+	if err != nil {
+		// The reply started (status line received) and was then lost: whatever it said,
+		// the provider had the full request.
+		return Response{}, transportError(err, false, mutating)
+	}
+	out := Response{Status: resp.StatusCode, Header: resp.Header, Body: body}
+	if len(body) > MaxResponseBytes {
+		out.Body, out.Truncated = body[:MaxResponseBytes], true
+	}
+	return out, nil
+}
+
+// transportError classifies a failure where no complete reply arrived.
+func transportError(err error, neverConnected, mutating bool) *Error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		// url.Error repeats the method and URL; our callers add their own context.
+		err = ue.Err
+	}
+	e := &Error{Code: networkCode(err), Err: err}
+	switch {
+	case neverConnected || isDialError(err):
+		e.Class = Transient
+		e.Message = "the request never reached the provider"
+	case mutating:
+		e.Class = Ambiguous
+		e.Message = "no reply after the request was sent; the provider may have committed it"
+	default:
+		e.Class = Transient
+		e.Message = "no reply from the provider"
+	}
+	return e
+}
+
+// isDialError recognises failures to establish a connection, which prove the request
+// was never sent.
+func isDialError(err error) bool {
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		return true
+	}
+	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Op == "dial" {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// networkCode names a network failure for Error.Code.
+func networkCode(err error) string {
+	var dnsErr *net.DNSError
+	var netErr net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection_refused"
+	case errors.As(err, &dnsErr):
+		return "dns_failure"
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return "connection_reset"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection_closed"
+	default:
+		return "network_error"
+	}
+}
+
+// StatusError classifies a reply whose status the caller's contract does not handle
+// itself (DESIGN §5, §6.1):
+//
+//   - 409 idempotency_key_in_use: a request with the same key is still being processed
+//     -> Transient;
+//   - 422 idempotency_key_reused: the key is bound to other parameters -> Terminal with
+//     KeyReused;
+//   - 408 and 429 -> Transient (refused before processing), honouring Retry-After;
+//   - other 4xx -> Terminal;
+//   - 5xx -> Ambiguous when mutating (the provider may have committed before failing),
+//     Transient for reads, honouring Retry-After;
+//   - anything else (1xx, 3xx: we never follow redirects with a credential attached)
+//     -> Terminal, because it is a configuration problem a retry will not fix.
+//
+// redact is removed from any provider-supplied text, so a provider echoing our
+// credential back cannot leak it into status or logs.
+func StatusError(resp Response, mutating bool, redact string) *Error {
+	code, msg := providerError(resp.Body)
+	status := resp.Status
+	e := &Error{Status: status, Code: code}
+	if e.Code == "" {
+		e.Code = strconv.Itoa(status)
+	}
+	switch {
+	case status == http.StatusConflict && code == "idempotency_key_in_use":
+		e.Class = Transient
+		e.Message = "a request with the same idempotency key is still in progress"
+	case status == http.StatusUnprocessableEntity && code == "idempotency_key_reused":
+		e.Class, e.KeyReused = Terminal, true
+		e.Message = "the idempotency key was already used with different parameters"
+	case status == http.StatusTooManyRequests:
+		e.Class = Transient
+		e.RetryAfter = RetryAfter(resp.Header, time.Now())
+		e.Message = "rate limited by the provider"
+	case status == http.StatusRequestTimeout:
+		e.Class = Transient
+		e.Message = "the provider timed out reading the request and did not process it"
+	case status >= 400 && status < 500:
+		e.Class = Terminal
+		e.Message = "the provider rejected the request"
+		if msg != "" {
+			e.Message += ": " + sanitize(msg, redact)
+		}
+	case status >= 500 && status < 600:
+		e.RetryAfter = RetryAfter(resp.Header, time.Now())
+		if mutating {
+			e.Class = Ambiguous
+			e.Message = "the provider failed; it may have committed the request"
+		} else {
+			e.Class = Transient
+			e.Message = "the provider failed"
+		}
+	default:
+		e.Class = Terminal
+		e.Message = fmt.Sprintf("unexpected HTTP status %d (check the endpoint)", status)
+	}
+	return e
+}
+
+// providerCodeRE bounds what is accepted as a machine-readable error code, so that a
+// provider's free text never lands in Code.
+var providerCodeRE = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
+
+// providerError extracts the error code and message from a JSON error body, in the
+// §6.1 form {"error":"code","message":"..."} or the nested {"error":{"code","message"}}
+// form many providers use. Anything else yields empty strings.
+func providerError(body []byte) (code, message string) {
+	var flat struct {
+		Error   json.RawMessage `json:"error"`
+		Message string          `json:"message"`
+	}
+	if json.Unmarshal(body, &flat) != nil || len(flat.Error) == 0 {
+		return "", ""
+	}
+	message = flat.Message
+	var s string
+	if json.Unmarshal(flat.Error, &s) == nil {
+		code = s
+	} else {
+		var nested struct {
+			Code    string `json:"code"`
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		}
+		if json.Unmarshal(flat.Error, &nested) == nil {
+			code = nested.Code
+			if code == "" {
+				code = nested.Type
+			}
+			if message == "" {
+				message = nested.Message
+			}
+		}
+	}
+	if !providerCodeRE.MatchString(code) {
+		code = ""
+	}
+	return code, message
+}
+
+// maxMessage bounds provider text copied into an Error: enough for "currency XYZ is
+// not supported", too little for a body dump.
+const maxMessage = 120
+
+// sanitize makes provider text safe for status and logs: printable ASCII only, bounded,
+// and with the credential removed.
+func sanitize(s, redact string) string {
+	if redact != "" {
+		s = strings.ReplaceAll(s, redact, "[redacted]")
+	}
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r > 0x7e {
+			return ' '
+		}
+		return r
+	}, s)
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > maxMessage {
+		s = s[:maxMessage] + "..."
+	}
+	return s
+}
+
+// RetryAfter parses a Retry-After header (delay-seconds or HTTP-date) relative to now.
+// It returns 0 when the header is absent, malformed or in the past, so callers can use
+// max(backoff, RetryAfter) without special cases.
+func RetryAfter(h http.Header, now time.Time) time.Duration {
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0
+	}
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if secs <= 0 {
+			return 0
+		}
+		// Cap before multiplying so an absurd value cannot overflow into a negative wait.
+		const maxSecs = int64(365 * 24 * time.Hour / time.Second)
+		return time.Duration(min(secs, maxSecs)) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		if d := t.Sub(now); d > 0 {
+			return d
+		}
+	}
+	return 0
+}
+
+// decimalRE is the shape the API allows for a quantity (non-negative decimal); leading
+// zeros are allowed there but not in JSON, so QuantityNumber strips them.
+var decimalRE = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?$`)
+
+// QuantityNumber turns a decimal string into the JSON number sent on the wire, without
+// ever passing through float64: "12.5" stays 12.5, "1523" stays 1523. Leading zeros
+// ("007") are dropped because JSON forbids them; the result is the same for the same
+// input, so every attempt sends identical parameters.
+func QuantityNumber(q string) (json.Number, error) {
+	if !decimalRE.MatchString(q) {
+		return "", fmt.Errorf("quantity %q is not a non-negative decimal", q)
+	}
+	intPart, frac, hasFrac := strings.Cut(q, ".")
+	intPart = strings.TrimLeft(intPart, "0")
+	if intPart == "" {
+		intPart = "0"
+	}
+	if hasFrac {
+		return json.Number(intPart + "." + frac), nil
+	}
+	return json.Number(intPart), nil
+}

@@ -1,0 +1,371 @@
+package fakebilling
+
+import (
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+)
+
+// maxBody bounds request bodies; §6.1 bodies are a few hundred bytes.
+const maxBody = 1 << 20
+
+type faultKind int
+
+const (
+	faultFail faultKind = iota + 1
+	faultRateLimit
+	faultCommitThenTimeout
+	faultCommitThen500
+	faultSlow
+	faultReject
+)
+
+// fault is one injected misbehaviour, consumed by one POST.
+type fault struct {
+	kind   faultKind
+	status int
+	code   string
+	delay  time.Duration
+}
+
+func (s *Server) enqueue(n int, f fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.faults = append(s.faults, f)
+	}
+}
+
+// Faults queue in the order they are added and are consumed one per POST
+// /settlements that passes authentication, validation and the in-flight check (a 401,
+// 400 or 409 consumes nothing), so a test knows exactly which request misbehaves.
+
+// FailNext makes the next n POSTs answer status (e.g. 503) with a plain-text body,
+// like a proxy in front of the provider, WITHOUT committing anything.
+// A status outside 500-599 is allowed (e.g. 502 from a gateway, or 418 for fun); 0
+// means 503.
+func (s *Server) FailNext(n int, status int) {
+	if status == 0 {
+		status = http.StatusServiceUnavailable
+	}
+	s.enqueue(n, fault{kind: faultFail, status: status})
+}
+
+// RateLimitNext makes the next n POSTs answer 429 with Retry-After (whole seconds,
+// rounded up), without committing.
+func (s *Server) RateLimitNext(n int, retryAfter time.Duration) {
+	s.enqueue(n, fault{kind: faultRateLimit, delay: retryAfter})
+}
+
+// CommitThenTimeoutNext makes the next n POSTs commit the charge and then never
+// answer: the connection is held open until the client gives up. This is "billing
+// succeeded but the reply was lost", the case that must not become a second charge.
+func (s *Server) CommitThenTimeoutNext(n int) { s.enqueue(n, fault{kind: faultCommitThenTimeout}) }
+
+// CommitThen500Next makes the next n POSTs commit the charge and then answer 500.
+func (s *Server) CommitThen500Next(n int) { s.enqueue(n, fault{kind: faultCommitThen500}) }
+
+// SlowNext delays the next n POSTs by d before handling them normally. The key counts
+// as in flight during the delay, so concurrent requests with it get 409.
+func (s *Server) SlowNext(n int, d time.Duration) { s.enqueue(n, fault{kind: faultSlow, delay: d}) }
+
+// RejectNext makes the next n POSTs answer status with {"error": code}, without
+// committing: a terminal rejection such as 400 invalid_currency.
+// Status 0 means 400 and an empty code means "rejected".
+func (s *Server) RejectNext(n int, status int, code string) {
+	if status == 0 {
+		status = http.StatusBadRequest
+	}
+	if code == "" {
+		code = "rejected"
+	}
+	s.enqueue(n, fault{kind: faultReject, status: status, code: code})
+}
+
+// begin marks key in flight and takes the next fault; ok is false when the key is
+// already in flight (409). The caller must call end(key).
+func (s *Server) begin(key string) (f *fault, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inFlight[key] {
+		return nil, false
+	}
+	s.inFlight[key] = true
+	if len(s.faults) > 0 {
+		next := s.faults[0]
+		s.faults = s.faults[1:]
+		s.calls.Faults++
+		f = &next
+	}
+	return f, true
+}
+
+func (s *Server) end(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.inFlight, key)
+}
+
+func (s *Server) count(f func(*CallCounts)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f(&s.calls)
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /settlements", s.handleSubmit)
+	mux.HandleFunc("GET /settlements/{key}", s.handleLookup)
+	mux.HandleFunc("GET /settlements", s.handleList)
+	mux.HandleFunc("GET /_admin/ledger", s.handleAdminLedger)
+	mux.HandleFunc("POST /_admin/faults", s.handleAdminFaults)
+	mux.HandleFunc("POST /_admin/status", s.handleAdminStatus)
+	mux.HandleFunc("POST /_admin/import", s.handleAdminImport)
+	return mux
+}
+
+// authorized checks the bearer token in constant time.
+func (s *Server) authorized(r *http.Request) bool {
+	if s.opts.Token == "" {
+		return true
+	}
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.opts.Token)) == 1
+}
+
+// writeJSON answers with a fixed Content-Length, so a reply flushed right before the
+// connection is dropped (down_for_ms) still arrives complete.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status, body = http.StatusInternalServerError, []byte(`{"error":"internal_error"}`)
+	}
+	body = append(body, '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+type errorBody struct {
+	Error   string `json:"error"`
+	Message string `json:"message,omitempty"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, message string) {
+	writeJSON(w, status, errorBody{Error: code, Message: message})
+}
+
+func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request) {
+	s.count(func(c *CallCounts) { c.Posts++ })
+	if !s.authorized(r) {
+		writeError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token")
+		return
+	}
+	key := r.Header.Get("Idempotency-Key")
+	if key == "" {
+		writeError(w, http.StatusBadRequest, "missing_idempotency_key", "the Idempotency-Key header is required")
+		return
+	}
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+		writeError(w, http.StatusUnsupportedMediaType, "unsupported_media_type", "send application/json")
+		return
+	}
+	p, err := decodeSubmit(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+		return
+	}
+	f, ok := s.begin(key)
+	if !ok {
+		writeError(w, http.StatusConflict, "idempotency_key_in_use", "a request with this key is in progress")
+		return
+	}
+	inFlight := true
+	release := func() {
+		if inFlight {
+			s.end(key)
+			inFlight = false
+		}
+	}
+	defer release()
+
+	if f != nil {
+		switch f.kind {
+		case faultSlow:
+			select {
+			case <-time.After(f.delay):
+			case <-r.Context().Done():
+				return
+			case <-s.done:
+				return
+			}
+		case faultFail:
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.WriteHeader(f.status)
+			_, _ = io.WriteString(w, http.StatusText(f.status)+"\n")
+			return
+		case faultRateLimit:
+			w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(f.delay.Seconds())), 10))
+			writeError(w, http.StatusTooManyRequests, "rate_limited", "slow down")
+			return
+		case faultReject:
+			writeError(w, f.status, f.code, "rejected by fault injection")
+			return
+		case faultCommitThen500:
+			s.commit(key, p)
+			writeError(w, http.StatusInternalServerError, "internal_error", "something went wrong")
+			return
+		case faultCommitThenTimeout:
+			s.commit(key, p)
+			release() // committed: a retry must now find the record, not a key in use
+			hj, ok := w.(http.Hijacker)
+			if !ok {
+				writeError(w, http.StatusInternalServerError, "internal_error", "cannot hold the connection")
+				return
+			}
+			conn, _, err := hj.Hijack()
+			if err != nil {
+				return
+			}
+			s.hold(conn)
+			return
+		}
+	}
+
+	rec, created, reused := s.commit(key, p)
+	switch {
+	case reused:
+		writeError(w, http.StatusUnprocessableEntity, "idempotency_key_reused",
+			"this idempotency key was used with different parameters")
+	case created:
+		writeJSON(w, http.StatusCreated, rec)
+	default:
+		writeJSON(w, http.StatusOK, rec)
+	}
+}
+
+// lookup returns the record for key, advancing the pending -> settled clock.
+func (s *Server) lookup(key string) (WireRecord, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.byKey[key]
+	if !ok {
+		return WireRecord{}, false
+	}
+	if e.autoSettle && e.Status == billing.StatusPending {
+		if e.pollsLeft > 0 {
+			e.pollsLeft--
+		} else {
+			e.Status, e.autoSettle = billing.StatusSettled, false
+		}
+	}
+	return e.wire(), true
+}
+
+func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
+	s.count(func(c *CallCounts) { c.Gets++ })
+	if !s.authorized(r) {
+		writeError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token")
+		return
+	}
+	rec, ok := s.lookup(r.PathValue("key"))
+	if !ok {
+		writeError(w, http.StatusNotFound, "not_found", "no settlement with this idempotency key")
+		return
+	}
+	writeJSON(w, http.StatusOK, rec)
+}
+
+// cursor positions List after one record, by the ledger's sort key, so pages stay
+// stable while new records are appended.
+type cursor struct {
+	nanos int64
+	seq   int64
+}
+
+func (c cursor) String() string {
+	return base64.RawURLEncoding.EncodeToString(fmt.Appendf(nil, "%d:%d", c.nanos, c.seq))
+}
+
+func parseCursor(s string) (cursor, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return cursor{}, errors.New("malformed cursor")
+	}
+	var c cursor
+	if _, err := fmt.Sscanf(string(raw), "%d:%d", &c.nanos, &c.seq); err != nil {
+		return cursor{}, errors.New("malformed cursor")
+	}
+	return c, nil
+}
+
+func (c cursor) before(e *entry) bool {
+	if n := e.CreatedAt.UnixNano(); n != c.nanos {
+		return c.nanos < n
+	}
+	return c.seq < e.seq
+}
+
+type listPage struct {
+	Items      []WireRecord `json:"items"`
+	NextCursor string       `json:"next_cursor"`
+}
+
+func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
+	s.count(func(c *CallCounts) { c.Lists++ })
+	if !s.authorized(r) {
+		writeError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token")
+		return
+	}
+	var since time.Time
+	if v := r.URL.Query().Get("since"); v != "" {
+		t, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_since", "since must be RFC 3339")
+			return
+		}
+		since = t
+	}
+	var after *cursor
+	if v := r.URL.Query().Get("cursor"); v != "" {
+		c, err := parseCursor(v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_cursor", err.Error())
+			return
+		}
+		after = &c
+	}
+
+	s.mu.Lock()
+	page := listPage{Items: []WireRecord{}}
+	var last *entry
+	more := false
+	for _, e := range s.sortedLocked() {
+		if e.CreatedAt.Before(since) || (after != nil && !after.before(e)) {
+			continue
+		}
+		if len(page.Items) == s.opts.PageSize {
+			more = true
+			break
+		}
+		page.Items = append(page.Items, e.wire())
+		last = e
+	}
+	if more {
+		page.NextCursor = cursor{nanos: last.CreatedAt.UnixNano(), seq: last.seq}.String()
+	}
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, page)
+}

@@ -1,0 +1,410 @@
+// Package fakebilling is a billing provider that speaks the generic HTTP contract
+// (DESIGN §6.1) over a real socket, keeps a ledger, and misbehaves on request.
+//
+// It exists so that "exactly one charge" can be asserted against the provider's own
+// books rather than against calls a mock recorded: tests and the demo inject the
+// failures that matter for money — a 5xx, a rate limit, a commit whose reply is lost, a
+// provider that is down — and then check Charges(settlementKey) is 0 or 1.
+//
+// The wire format is implemented here independently of internal/billing (its own JSON
+// types, strict decoding), so the adapter's tests catch a drift from the contract
+// instead of agreeing with themselves.
+package fakebilling
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+)
+
+// holdFor is how long a commit-then-timeout connection is kept open without a reply;
+// any sane client timeout is shorter, and the connection closes earlier when the
+// client hangs up or the server closes.
+const holdFor = 30 * time.Second
+
+// Errors returned by SetStatus and Import, so the admin API can map them to 404/409.
+var (
+	errNoRecord  = errors.New("no record")
+	errDuplicate = errors.New("already has a record")
+)
+
+// Options configures a fake provider.
+type Options struct {
+	// Token is the required bearer token on /settlements; "" disables authentication.
+	Token string
+	// Addr is the listen address; default 127.0.0.1:0 (a free loopback port).
+	Addr string
+	// PendingPolls is how many GETs a new record answers "pending" before it answers
+	// "settled", to exercise the operator's polling; 0 settles at once.
+	PendingPolls int
+	// PageSize is the List page size, default 100; small values exercise paging.
+	PageSize int
+}
+
+// CallCounts is how often each §6.1 endpoint was called, so tests can assert that a
+// path was (or was not) exercised — e.g. that an ambiguous outcome led to a GET.
+type CallCounts struct {
+	// Posts counts POST /settlements requests, including rejected and faulted ones.
+	Posts int `json:"posts"`
+	// Gets counts GET /settlements/{key} requests.
+	Gets int `json:"gets"`
+	// Lists counts GET /settlements requests.
+	Lists int `json:"lists"`
+	// Faults counts injected faults that were served.
+	Faults int `json:"faults"`
+}
+
+// Server is a running fake provider. All methods are safe for concurrent use.
+type Server struct {
+	opts    Options
+	handler http.Handler
+
+	mu       sync.Mutex
+	byKey    map[string]*entry // idempotency key -> ledger entry
+	inFlight map[string]bool   // idempotency keys being processed right now
+	faults   []fault           // consumed one per POST, in the order they were queued
+	calls    CallCounts
+	seq      int64
+
+	netMu   sync.Mutex // guards the listener lifecycle below
+	addr    string     // resolved host:port, reused when coming back up
+	httpSrv *http.Server
+	down    bool
+	downGen int // bumps on every SetDown, so a stale down_for_ms timer does nothing
+	closed  bool
+	held    map[net.Conn]struct{}
+	done    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// Start listens on opts.Addr and serves the §6.1 API and the /_admin/ API.
+func Start(opts Options) (*Server, error) {
+	if opts.Addr == "" {
+		opts.Addr = "127.0.0.1:0"
+	}
+	if opts.PageSize <= 0 {
+		opts.PageSize = 100
+	}
+	if opts.PendingPolls < 0 {
+		return nil, fmt.Errorf("fake billing: PendingPolls %d is negative", opts.PendingPolls)
+	}
+	s := &Server{
+		opts:     opts,
+		byKey:    map[string]*entry{},
+		inFlight: map[string]bool{},
+		held:     map[net.Conn]struct{}{},
+		done:     make(chan struct{}),
+	}
+	s.handler = s.routes()
+	ln, err := net.Listen("tcp", opts.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("fake billing: listen on %s: %w", opts.Addr, err)
+	}
+	s.addr = ln.Addr().String()
+	s.netMu.Lock()
+	s.serveLocked(ln)
+	s.netMu.Unlock()
+	return s, nil
+}
+
+// URL is the provider's base URL, to use as the BillingProvider endpoint.
+func (s *Server) URL() string { return "http://" + s.addr }
+
+// Addr is the host:port the provider listens on.
+func (s *Server) Addr() string { return s.addr }
+
+// Close stops serving, drops held connections and waits for the server's goroutines.
+// It is idempotent.
+func (s *Server) Close() error {
+	s.netMu.Lock()
+	if s.closed {
+		s.netMu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.done)
+	var err error
+	if s.httpSrv != nil {
+		err = s.httpSrv.Close()
+		s.httpSrv = nil
+	}
+	for c := range s.held {
+		_ = c.Close()
+	}
+	s.netMu.Unlock()
+	s.wg.Wait()
+	if err != nil {
+		return fmt.Errorf("fake billing: close: %w", err)
+	}
+	return nil
+}
+
+// serveLocked serves on ln with a fresh http.Server (one cannot be restarted after
+// Close). netMu must be held.
+func (s *Server) serveLocked(ln net.Listener) {
+	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
+	s.httpSrv = srv
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		_ = srv.Serve(ln) // returns http.ErrServerClosed on SetDown/Close
+	}()
+}
+
+// SetDown takes the provider off the network (down=true): the listener is closed and
+// every open connection dropped, so clients see "connection refused" — the provably
+// not-received case. down=false listens again on the same port.
+func (s *Server) SetDown(down bool) error {
+	s.netMu.Lock()
+	defer s.netMu.Unlock()
+	s.downGen++
+	return s.setDownLocked(down)
+}
+
+func (s *Server) setDownLocked(down bool) error {
+	if s.closed {
+		return errors.New("fake billing: server is closed")
+	}
+	if down == s.down {
+		return nil
+	}
+	if down {
+		err := s.httpSrv.Close()
+		s.httpSrv, s.down = nil, true
+		if err != nil {
+			return fmt.Errorf("fake billing: go down: %w", err)
+		}
+		return nil
+	}
+	ln, err := listenAgain(s.addr)
+	if err != nil {
+		return fmt.Errorf("fake billing: come back up on %s: %w", s.addr, err)
+	}
+	s.serveLocked(ln)
+	s.down = false
+	return nil
+}
+
+// downFor goes down now and comes back after d, unless SetDown or Close intervened.
+func (s *Server) downFor(d time.Duration) error {
+	s.netMu.Lock()
+	defer s.netMu.Unlock()
+	s.downGen++
+	gen := s.downGen
+	if err := s.setDownLocked(true); err != nil {
+		return err
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		select {
+		case <-time.After(d):
+		case <-s.done:
+			return
+		}
+		s.netMu.Lock()
+		defer s.netMu.Unlock()
+		if s.downGen == gen && !s.closed {
+			_ = s.setDownLocked(false) // best effort: the port could have been taken meanwhile
+		}
+	}()
+	return nil
+}
+
+// listenAgain re-binds a port just released; the kernel may need a moment.
+func listenAgain(addr string) (net.Listener, error) {
+	var err error
+	for range 50 {
+		var ln net.Listener
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			return ln, nil
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			return nil, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil, err
+}
+
+// hold keeps a hijacked connection open without answering until the client hangs up,
+// holdFor passes or the server closes: the client's view of a lost reply.
+func (s *Server) hold(conn net.Conn) {
+	s.netMu.Lock()
+	defer s.netMu.Unlock()
+	if s.closed {
+		_ = conn.Close()
+		return
+	}
+	s.held[conn] = struct{}{}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		_ = conn.SetReadDeadline(time.Now().Add(holdFor))
+		_, _ = io.Copy(io.Discard, conn) // returns when the client closes or the deadline passes
+		_ = conn.Close()
+		s.netMu.Lock()
+		delete(s.held, conn)
+		s.netMu.Unlock()
+	}()
+}
+
+// Calls returns how often each endpoint was called so far.
+func (s *Server) Calls() CallCounts {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls
+}
+
+// Records returns the ledger in creation order (created_at, then arrival).
+func (s *Server) Records() []billing.Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	entries := s.sortedLocked()
+	out := make([]billing.Record, len(entries))
+	for i, e := range entries {
+		out[i] = e.record()
+	}
+	return out
+}
+
+// Charges is the number of ledger entries for settlementKey. In any correct run it is
+// 0 or 1, whatever faults were injected: that is the exactly-once assertion.
+func (s *Server) Charges(settlementKey string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, e := range s.byKey {
+		if e.SettlementKey == settlementKey {
+			n++
+		}
+	}
+	return n
+}
+
+// chargeCounts is Charges for every settlement key, for the admin ledger.
+func (s *Server) chargeCounts() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]int{}
+	for _, e := range s.byKey {
+		out[e.SettlementKey]++
+	}
+	return out
+}
+
+// SetStatus moves every record of settlementKey to status ("pending", "settled" or
+// "failed") with reason, as the provider deciding later would. Records changed this
+// way no longer settle by themselves after PendingPolls.
+func (s *Server) SetStatus(settlementKey, status, reason string) error {
+	switch status {
+	case billing.StatusPending, billing.StatusSettled, billing.StatusFailed:
+	default:
+		return fmt.Errorf("fake billing: status %q is not pending, settled or failed", status)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, e := range s.byKey {
+		if e.SettlementKey == settlementKey {
+			e.Status, e.FailureReason, e.autoSettle = status, reason, false
+			n++
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("fake billing: settlement key %q: %w", settlementKey, errNoRecord)
+	}
+	return nil
+}
+
+// Import adds a record the operator never submitted (created out of band, or by a
+// previous installation), for reconciliation tests. Missing ID, status, type and
+// creation time are filled in.
+func (s *Server) Import(rec billing.Record) error {
+	if rec.IdempotencyKey == "" || rec.SettlementKey == "" {
+		return errors.New("fake billing: an imported record needs an idempotency key and a settlement key")
+	}
+	e := &entry{
+		ID: rec.ID, Status: rec.Status, FailureReason: rec.FailureReason, IdempotencyKey: rec.IdempotencyKey,
+		CreatedAt: rec.CreatedAt,
+		params: params{
+			SettlementKey: rec.SettlementKey, Type: rec.Type, Customer: rec.Customer,
+			Metadata: map[string]string{},
+		},
+	}
+	if rec.Usage != nil {
+		q, err := billing.QuantityNumber(rec.Usage.Quantity)
+		if err != nil {
+			return fmt.Errorf("fake billing: import: %w", err)
+		}
+		e.Usage = &usageParams{Meter: rec.Usage.Meter, Quantity: q.String(), Unit: rec.Usage.Unit}
+	}
+	if rec.Amount != nil {
+		a := *rec.Amount
+		e.Amount = &a
+	}
+	if e.Status == "" {
+		e.Status = billing.StatusSettled
+	}
+	if e.Type == "" {
+		e.Type = billing.TypeCharge
+	}
+	if e.CreatedAt.IsZero() {
+		e.CreatedAt = time.Now().UTC()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.byKey[e.IdempotencyKey]; ok {
+		return fmt.Errorf("fake billing: idempotency key %q: %w", e.IdempotencyKey, errDuplicate)
+	}
+	s.seq++
+	e.seq = s.seq
+	if e.ID == "" {
+		e.ID = fmt.Sprintf("imp_%06d", e.seq)
+	}
+	s.byKey[e.IdempotencyKey] = e
+	return nil
+}
+
+// sortedLocked returns the ledger in List order. mu must be held.
+func (s *Server) sortedLocked() []*entry {
+	out := make([]*entry, 0, len(s.byKey))
+	for _, e := range s.byKey {
+		out = append(out, e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].before(out[j]) })
+	return out
+}
+
+// commit applies the provider-side idempotency rule: a new key becomes one ledger
+// entry; a known key with equal parameters returns the existing record; a known key
+// with other parameters is refused (reused=true). It returns a snapshot, because the
+// entry may change (SetStatus) while the reply is written.
+func (s *Server) commit(key string, p params) (rec WireRecord, created, reused bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.byKey[key]; ok {
+		if !e.params.equal(p) {
+			return WireRecord{}, false, true
+		}
+		return e.wire(), false, false
+	}
+	s.seq++
+	e := &entry{
+		seq: s.seq, ID: fmt.Sprintf("set_%06d", s.seq), Status: billing.StatusSettled,
+		IdempotencyKey: key, CreatedAt: time.Now().UTC(), params: p,
+	}
+	if s.opts.PendingPolls > 0 {
+		e.Status, e.autoSettle, e.pollsLeft = billing.StatusPending, true, s.opts.PendingPolls
+	}
+	s.byKey[key] = e
+	return e.wire(), true, false
+}
