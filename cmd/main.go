@@ -16,6 +16,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
@@ -90,6 +91,29 @@ func main() {
 		log.Error(err, "unable to set up controller", "controller", controllers.WebhookProviderControllerName)
 		os.Exit(1)
 	}
+	if err := (&controllers.WebhookEventReconciler{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Recorder: mgr.GetEventRecorder(controllers.WebhookEventControllerName),
+	}).SetupWithManager(mgr); err != nil {
+		log.Error(err, "unable to set up controller", "controller", controllers.WebhookEventControllerName)
+		os.Exit(1)
+	}
+	if err := (&controllers.JobCompletionReconciler{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Recorder: mgr.GetEventRecorder(controllers.JobCompletionControllerName),
+	}).SetupWithManager(mgr); err != nil {
+		log.Error(err, "unable to set up controller", "controller", controllers.JobCompletionControllerName)
+		os.Exit(1)
+	}
+	if err := (&controllers.BillingSettlementReconciler{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Recorder: mgr.GetEventRecorder(controllers.BillingSettlementControllerName),
+	}).SetupWithManager(mgr); err != nil {
+		log.Error(err, "unable to set up controller", "controller", controllers.BillingSettlementControllerName)
+		os.Exit(1)
+	}
+	metrics.Registry.MustRegister(controllers.NewObjectsCollector(mgr.GetCache()))
+
 	recv := receiver.New(recvOpts, mgr.GetCache(), mgr.GetClient(), mgr.GetAPIReader(),
 		mgr.GetEventRecorder("settlement-receiver"))
 	if err := receiver.WarmCache(context.Background(), mgr.GetCache()); err != nil {

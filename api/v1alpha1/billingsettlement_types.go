@@ -176,9 +176,15 @@ type ReplayStatus struct {
 	// +optional
 	Count int32 `json:"count,omitempty"`
 
-	// lastAt is when the last replay was acted on.
+	// lastAt is when the last replay was acted on; the retry budget (maxElapsed)
+	// restarts from it.
 	// +optional
 	LastAt *metav1.Time `json:"lastAt,omitempty"`
+
+	// attemptsBefore is status.attempts when the last replay was acted on; the retry
+	// budget (maxAttempts) counts attempts after it.
+	// +optional
+	AttemptsBefore int32 `json:"attemptsBefore,omitempty"`
 }
 
 // BillingSettlementStatus is written by the BillingSettlement controller.

@@ -5,7 +5,7 @@ import (
 )
 
 // JobCompletionState is where a job's completion stands.
-// +kubebuilder:validation:Enum=Pending;Applied;Deferred;Failed;RequiresReconciliation
+// +kubebuilder:validation:Enum=Pending;Applied;Superseded;Deferred;Failed;RequiresReconciliation
 type JobCompletionState string
 
 const (
@@ -13,6 +13,10 @@ const (
 	JobCompletionPending JobCompletionState = "Pending"
 	// JobCompletionApplied: spec.completion.version is applied (status.appliedVersion).
 	JobCompletionApplied JobCompletionState = "Applied"
+	// JobCompletionSuperseded: the sink already holds a newer version than the latest
+	// one reported to us (409 stale_version); nothing is applied and the job's record
+	// at the sink does not move backward. Final for this version.
+	JobCompletionSuperseded JobCompletionState = "Superseded"
 	// JobCompletionDeferred: the sink does not know the job yet (404); retried with
 	// backoff until the sink's deferDeadline.
 	JobCompletionDeferred JobCompletionState = "Deferred"

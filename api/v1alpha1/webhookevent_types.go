@@ -229,7 +229,8 @@ type OperationStatus struct {
 	// +required
 	Outcome OperationOutcome `json:"outcome"`
 
-	// state is the child's state as last seen, mirrored so the event tells its story.
+	// state is the child's state as last seen, mirrored so the event tells its story;
+	// "Retrying" while the child is being retried after an error.
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
 	State string `json:"state,omitempty"`

@@ -1,0 +1,256 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/jobsink"
+)
+
+// JobCompletionControllerName names the controller in logs and metrics.
+const JobCompletionControllerName = "jobcompletion"
+
+// maxSourceEvents caps status.sourceEvents so a chatty job cannot grow its record.
+const maxSourceEvents = 16
+
+// JobCompletionReconciler applies a job's latest proposed completion version to its
+// sink. The version guard lives in the spec (only a greater version is ever
+// proposed, enforced by CEL and resourceVersion); this controller applies what is
+// proposed, exactly once per version, by an idempotency key derived from
+// (provider, job, version).
+type JobCompletionReconciler struct {
+	client.Client
+	// APIReader reads sink credentials (Secrets) by name.
+	APIReader client.Reader
+	Recorder  recorder.EventRecorder
+	// SinkTimeout bounds each call to an HTTP sink (10s).
+	SinkTimeout time.Duration
+	// Now is the clock (time.Now).
+	Now func() time.Time
+}
+
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=jobcompletions,verbs=get;list;watch
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=jobcompletions/status,verbs=get;update;patch
+
+// Reconcile applies the proposed version of one job.
+func (r *JobCompletionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
+	var jc hooksv1alpha1.JobCompletion
+	if err := r.Get(ctx, req.NamespacedName, &jc); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	before := jc.DeepCopy()
+	defer func() {
+		if !equality.Semantic.DeepEqual(before.Status, jc.Status) {
+			if perr := r.Status().Patch(ctx, &jc, client.MergeFrom(before)); perr != nil && err == nil {
+				err = fmt.Errorf("patch status of jobcompletion %s: %w", req.NamespacedName, perr)
+			}
+			if before.Status.State != jc.Status.State {
+				jobTransitions.WithLabelValues(string(jc.Status.State)).Inc()
+			}
+		}
+	}()
+	return r.reconcile(ctx, &jc)
+}
+
+func (r *JobCompletionReconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func (r *JobCompletionReconciler) reconcile(ctx context.Context, jc *hooksv1alpha1.JobCompletion) (ctrl.Result, error) {
+	st := &jc.Status
+	v := jc.Spec.Completion.Version
+	if st.ObservedGeneration != jc.Generation {
+		// A new version was proposed: it starts its own attempt count and deadline.
+		st.ObservedGeneration = jc.Generation
+		st.State, st.Attempts, st.LastError, st.DeferredSince, st.NextAttemptAt =
+			hooksv1alpha1.JobCompletionPending, 0, "", nil, nil
+		addSourceEvent(st, jc.Spec.Completion.SourceEvent)
+	}
+	switch st.State {
+	case hooksv1alpha1.JobCompletionApplied, hooksv1alpha1.JobCompletionSuperseded,
+		hooksv1alpha1.JobCompletionFailed, hooksv1alpha1.JobCompletionRequiresReconciliation:
+		return ctrl.Result{}, nil
+	}
+	if st.AppliedVersion != nil && *st.AppliedVersion >= v {
+		r.applied(jc, *st.AppliedVersion)
+		return ctrl.Result{}, nil
+	}
+	if wait := r.untilNextAttempt(st); wait > 0 {
+		return ctrl.Result{RequeueAfter: wait}, nil
+	}
+
+	sink := jc.Spec.Sink
+	if sink == nil || sink.Type == "" || sink.Type == hooksv1alpha1.JobSinkNone {
+		r.applied(jc, v)
+		return ctrl.Result{}, nil
+	}
+
+	token, err := readSecretKey(ctx, r.APIReader, jc.Namespace, sink.CredentialsSecretRef)
+	if err != nil {
+		return r.retry(jc, fmt.Sprintf("sink credentials: %v", err), 0)
+	}
+	timeout := r.SinkTimeout
+	if timeout == 0 {
+		timeout = 10 * time.Second
+	}
+	c := jobsink.New(sink.URL, token, timeout, nil)
+	completion := jobsink.Completion{JobID: jc.Spec.JobID, Version: v, State: string(jc.Spec.Completion.State)}
+	if t := jc.Spec.Completion.CompletedAt; t != nil {
+		tt := t.Time
+		completion.CompletedAt = &tt
+	}
+	if u := jc.Spec.Completion.Usage; u != nil {
+		completion.Usage = &billing.Usage{Meter: u.Meter, Quantity: u.Quantity, Unit: u.Unit}
+	}
+	st.Attempts++
+	res, err := c.Apply(ctx, "job_"+identity.Hash32(jc.Spec.Provider, jc.Spec.JobID, strconv.FormatInt(v, 10)), completion)
+	if err != nil {
+		if e, ok := billing.AsError(err); ok && e.Class == billing.Terminal {
+			st.State, st.LastError = hooksv1alpha1.JobCompletionFailed, e.Error()
+			setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse,
+				hooksv1alpha1.ReasonSinkRejected, "the sink refused version "+strconv.FormatInt(v, 10)+": "+e.Error())
+			setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+				hooksv1alpha1.ReasonSinkRejected, "terminal: fix the sink or the job and report a newer version")
+			r.Recorder.Eventf(jc, nil, "Warning", hooksv1alpha1.ReasonSinkRejected, "Apply", "sink refused version %d: %s", v, e.Code)
+			return ctrl.Result{}, nil
+		}
+		var after time.Duration
+		if e, ok := billing.AsError(err); ok {
+			after = e.RetryAfter
+		}
+		return r.retry(jc, err.Error(), after)
+	}
+	switch res.Outcome {
+	case jobsink.Applied:
+		r.applied(jc, v)
+	case jobsink.Superseded:
+		st.State, st.LastError, st.NextAttemptAt = hooksv1alpha1.JobCompletionSuperseded, "", nil
+		msg := fmt.Sprintf("the sink already holds version %d, newer than version %d; nothing applied", res.CurrentVersion, v)
+		setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse,
+			hooksv1alpha1.ReasonVersionSuperseded, msg)
+		setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
+			hooksv1alpha1.ReasonVersionSuperseded, msg)
+		r.Recorder.Eventf(jc, nil, "Normal", hooksv1alpha1.ReasonVersionSuperseded, "Apply", "%s", msg)
+	case jobsink.Deferred:
+		return r.defer404(jc, sink)
+	}
+	return ctrl.Result{}, nil
+}
+
+func (r *JobCompletionReconciler) untilNextAttempt(st *hooksv1alpha1.JobCompletionStatus) time.Duration {
+	if st.NextAttemptAt == nil {
+		return 0
+	}
+	return st.NextAttemptAt.Sub(r.now())
+}
+
+func (r *JobCompletionReconciler) applied(jc *hooksv1alpha1.JobCompletion, v int64) {
+	st := &jc.Status
+	if st.State != hooksv1alpha1.JobCompletionApplied {
+		now := metav1.NewTime(r.now())
+		st.AppliedAt = &now
+		r.Recorder.Eventf(jc, nil, "Normal", hooksv1alpha1.ReasonVersionApplied, "Apply",
+			"version %d (%s) applied", v, jc.Spec.Completion.State)
+	}
+	st.State, st.AppliedVersion, st.LastError, st.NextAttemptAt, st.DeferredSince =
+		hooksv1alpha1.JobCompletionApplied, &v, "", nil, nil
+	msg := fmt.Sprintf("version %d applied", v)
+	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionTrue, hooksv1alpha1.ReasonVersionApplied, msg)
+	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue, hooksv1alpha1.ReasonVersionApplied, msg)
+}
+
+func (r *JobCompletionReconciler) retry(jc *hooksv1alpha1.JobCompletion, msg string, retryAfter time.Duration) (ctrl.Result, error) {
+	st := &jc.Status
+	st.LastError = truncateMessage(msg)
+	wait := backoff(st.Attempts, time.Second, 5*time.Minute)
+	if retryAfter > wait {
+		wait = retryAfter
+	}
+	next := metav1.NewTime(r.now().Add(wait))
+	st.NextAttemptAt = &next
+	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse,
+		hooksv1alpha1.ReasonSinkUnavailable, fmt.Sprintf("attempt %d failed; retrying at %s: %s", st.Attempts, next.UTC().Format(time.RFC3339), st.LastError))
+	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+		hooksv1alpha1.ReasonSinkUnavailable, "retrying with the same idempotency key")
+	return ctrl.Result{RequeueAfter: wait}, nil
+}
+
+func (r *JobCompletionReconciler) defer404(jc *hooksv1alpha1.JobCompletion, sink *hooksv1alpha1.JobSink) (ctrl.Result, error) {
+	st := &jc.Status
+	now := r.now()
+	if st.DeferredSince == nil {
+		t := metav1.NewTime(now)
+		st.DeferredSince = &t
+		r.Recorder.Eventf(jc, nil, "Normal", hooksv1alpha1.ReasonSinkDeferred, "Apply",
+			"the sink does not know job %q yet; retrying until the defer deadline", jc.Spec.JobID)
+	}
+	deadline := st.DeferredSince.Add(durationOr(sink.DeferDeadline, time.Hour))
+	if !now.Before(deadline) {
+		st.State, st.NextAttemptAt = hooksv1alpha1.JobCompletionRequiresReconciliation, nil
+		msg := fmt.Sprintf("the sink still did not know job %q at the defer deadline (%s)", jc.Spec.JobID, deadline.UTC().Format(time.RFC3339))
+		setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse, hooksv1alpha1.ReasonDeadlineExceeded, msg)
+		setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonDeadlineExceeded, msg)
+		r.Recorder.Eventf(jc, nil, "Warning", hooksv1alpha1.ReasonDeadlineExceeded, "Apply", "%s", msg)
+		return ctrl.Result{}, nil
+	}
+	st.State, st.LastError = hooksv1alpha1.JobCompletionDeferred, ""
+	wait := backoff(st.Attempts, 2*time.Second, time.Minute)
+	if left := deadline.Sub(now); wait > left {
+		wait = left
+	}
+	next := metav1.NewTime(now.Add(wait))
+	st.NextAttemptAt = &next
+	msg := fmt.Sprintf("the sink does not know job %q yet; next try at %s, deadline %s", jc.Spec.JobID,
+		next.UTC().Format(time.RFC3339), deadline.UTC().Format(time.RFC3339))
+	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse, hooksv1alpha1.ReasonSinkDeferred, msg)
+	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonSinkDeferred, msg)
+	return ctrl.Result{RequeueAfter: wait}, nil
+}
+
+func addSourceEvent(st *hooksv1alpha1.JobCompletionStatus, name string) {
+	if name == "" {
+		return
+	}
+	for _, s := range st.SourceEvents {
+		if s == name {
+			return
+		}
+	}
+	st.SourceEvents = append(st.SourceEvents, name)
+	if len(st.SourceEvents) > maxSourceEvents {
+		st.SourceEvents = st.SourceEvents[len(st.SourceEvents)-maxSourceEvents:]
+	}
+}
+
+// truncateMessage keeps status messages within their CRD bounds.
+func truncateMessage(s string) string {
+	if len(s) > 1000 {
+		return s[:1000] + "…"
+	}
+	return s
+}
+
+// SetupWithManager registers the controller; only spec changes (a new proposed
+// version) trigger it, not its own status writes.
+func (r *JobCompletionReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(JobCompletionControllerName).
+		For(&hooksv1alpha1.JobCompletion{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Complete(r)
+}

@@ -1,0 +1,193 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/controllers"
+	"github.com/settlement-operator/settlement-operator/internal/receiver"
+	"github.com/settlement-operator/settlement-operator/test/fakebilling"
+	"github.com/settlement-operator/settlement-operator/test/fakejobsink"
+	"github.com/settlement-operator/settlement-operator/test/testenv"
+)
+
+// The operations suite runs the whole operator — receiver and controllers in a real
+// manager — against a real kube-apiserver, with a fake billing provider and job sink
+// that are real HTTP servers with a ledger and fault injection. Its assertions are
+// about the world: objects' states and the provider's ledger, never calls made.
+
+var (
+	env     *envtest.Environment
+	cfg     *rest.Config
+	k8s     client.Client
+	ctx     context.Context
+	cancel  context.CancelFunc
+	billing *fakebilling.Server
+	sink    *fakejobsink.Server
+	mgr     *runningManager
+)
+
+const billingToken = "test-billing-token"
+
+func TestControllers(t *testing.T) {
+	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(30 * time.Second)
+	SetDefaultEventuallyPollingInterval(100 * time.Millisecond)
+	RunSpecs(t, "Operations suite")
+}
+
+var _ = BeforeSuite(func() {
+	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
+	ctx, cancel = context.WithCancel(context.Background())
+	var err error
+	env, err = testenv.New()
+	Expect(err).NotTo(HaveOccurred())
+	cfg, err = env.Start()
+	Expect(err).NotTo(HaveOccurred())
+	k8s, err = client.New(cfg, client.Options{Scheme: env.Scheme})
+	Expect(err).NotTo(HaveOccurred())
+
+	billing, err = fakebilling.Start(fakebilling.Options{Token: billingToken})
+	Expect(err).NotTo(HaveOccurred())
+	sink, err = fakejobsink.Start(fakejobsink.Options{KnownJobs: fakejobsink.OnlyRegistered})
+	Expect(err).NotTo(HaveOccurred())
+	mgr = startManager()
+})
+
+var _ = AfterSuite(func() {
+	if mgr != nil {
+		mgr.stop()
+	}
+	if cancel != nil {
+		cancel()
+	}
+	if billing != nil {
+		_ = billing.Close()
+	}
+	if sink != nil {
+		_ = sink.Close()
+	}
+	if env != nil {
+		Expect(env.Stop()).To(Succeed())
+	}
+})
+
+// runningManager is one manager process's worth of operator: it can be stopped and a
+// new one started, as a restart or a leader change would.
+type runningManager struct {
+	cancel  context.CancelFunc
+	done    chan struct{}
+	baseURL string
+}
+
+func startManager() *runningManager {
+	GinkgoHelper()
+	m, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		// A restarted manager registers the same controllers again in this process.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	Expect(err).NotTo(HaveOccurred())
+	Expect((&controllers.WebhookProviderReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
+		SecretRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
+	Expect((&controllers.WebhookEventReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
+		Recorder: m.GetEventRecorder("webhookevent")}).SetupWithManager(m)).To(Succeed())
+	Expect((&controllers.JobCompletionReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
+		Recorder: m.GetEventRecorder("jobcompletion")}).SetupWithManager(m)).To(Succeed())
+	Expect((&controllers.BillingSettlementReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
+		Recorder: m.GetEventRecorder("billingsettlement")}).SetupWithManager(m)).To(Succeed())
+	recv := receiver.New(receiver.Options{BindAddress: "127.0.0.1:0", SecretTTL: time.Second}, m.GetCache(),
+		m.GetClient(), m.GetAPIReader(), m.GetEventRecorder("receiver"))
+	Expect(receiver.WarmCache(ctx, m.GetCache())).To(Succeed())
+	Expect(m.Add(recv)).To(Succeed())
+
+	mctx, mcancel := context.WithCancel(ctx)
+	rm := &runningManager{cancel: mcancel, done: make(chan struct{})}
+	go func() {
+		defer GinkgoRecover()
+		defer close(rm.done)
+		Expect(m.Start(mctx)).To(Succeed())
+	}()
+	addr, err := recv.Addr(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	rm.baseURL = "http://" + addr.String()
+	return rm
+}
+
+func (m *runningManager) stop() {
+	m.cancel()
+	Eventually(m.done).WithTimeout(time.Minute).Should(BeClosed())
+}
+
+var nsCounter atomic.Int64
+
+// newTenant creates a namespace with a billing provider pointing at the fake, its
+// token, and a webhook provider "inference" whose job.completed events complete the
+// job (sink None) and charge its usage.
+func newTenant(mutate ...func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider)) string {
+	GinkgoHelper()
+	ns := fmt.Sprintf("ops-%d", nsCounter.Add(1))
+	Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+	Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing-token"},
+		StringData: map[string]string{"token": billingToken}})).To(Succeed())
+	Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-secret"},
+		StringData: map[string]string{"key": swhSecret}})).To(Succeed())
+	d := func(s string) *metav1.Duration {
+		v, err := time.ParseDuration(s)
+		Expect(err).NotTo(HaveOccurred())
+		return &metav1.Duration{Duration: v}
+	}
+	bp := &hooksv1alpha1.BillingProvider{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing"},
+		Spec: hooksv1alpha1.BillingProviderSpec{
+			Endpoint: billing.URL(), AllowInsecureHTTP: true,
+			CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "billing-token", Key: "token"},
+			RequestTimeout:       d("1s"),
+			Retry: &hooksv1alpha1.RetryPolicy{MaxAttempts: 50, MaxElapsed: d("2m"),
+				InitialBackoff: d("100ms"), MaxBackoff: d("500ms")},
+		},
+	}
+	wp := &hooksv1alpha1.WebhookProvider{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference"},
+		Spec: hooksv1alpha1.WebhookProviderSpec{
+			Signature: hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeStandardWebhooks,
+				SecretRef: hooksv1alpha1.SecretReference{Name: "inference-secret"}},
+			EventID:   hooksv1alpha1.EventIDSource{Header: "webhook-id"},
+			EventType: hooksv1alpha1.FieldSource{JSONPath: ".type"},
+			Routes: []hooksv1alpha1.Route{{EventType: "job.completed", Operations: []hooksv1alpha1.RouteOperation{
+				{Type: hooksv1alpha1.OperationJobCompletion, JobCompletion: &hooksv1alpha1.JobCompletionMapping{
+					JobID: ".data.job_id", CompletionVersion: ".data.version", State: ".data.state",
+					Usage: &hooksv1alpha1.UsageMapping{Quantity: ".data.tokens", Meter: "tokens", Unit: "tokens"}}},
+				{Type: hooksv1alpha1.OperationBillingSettlement, Settlement: &hooksv1alpha1.SettlementMapping{
+					BillingProviderRef: "billing", JobID: ".data.job_id", Customer: ".data.customer",
+					Usage: &hooksv1alpha1.UsageMapping{Quantity: ".data.tokens", Meter: "tokens", Unit: "tokens"}}},
+			}}},
+		},
+	}
+	for _, m := range mutate {
+		m(bp, wp)
+	}
+	Expect(k8s.Create(ctx, bp)).To(Succeed())
+	Expect(k8s.Create(ctx, wp)).To(Succeed())
+	return ns
+}

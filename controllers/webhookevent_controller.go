@@ -1,0 +1,449 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
+)
+
+// WebhookEventControllerName names the controller in logs and metrics.
+const WebhookEventControllerName = "webhookevent"
+
+// IndexEventChildren indexes WebhookEvents by the names of the children their facts
+// derive, so a child's change is mapped to its events without listing them all.
+const IndexEventChildren = "spec.children"
+
+// WebhookEventReconciler dispatches an event's facts to their records — one
+// JobCompletion per job, one BillingSettlement per settlement key — creating or
+// linking each, and mirrors the children's states into the event's status. Children
+// have no ownerReference to the event: financial records must outlive it (§1.4).
+type WebhookEventReconciler struct {
+	client.Client
+	// APIReader reads a child live after an AlreadyExists the cache has not seen yet.
+	APIReader client.Reader
+	Recorder  recorder.EventRecorder
+}
+
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents,verbs=get;list;watch
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=jobcompletions,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingsettlements,verbs=get;list;watch;create
+
+// Reconcile dispatches one event.
+func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var ev hooksv1alpha1.WebhookEvent
+	if err := r.Get(ctx, req.NamespacedName, &ev); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	before := ev.DeepCopy()
+	ev.Status.ObservedGeneration = ev.Generation
+
+	var err error
+	switch {
+	case ev.Spec.Quarantine != nil:
+		r.quarantined(&ev)
+	case len(ev.Spec.JobCompletions) == 0 && len(ev.Spec.Settlements) == 0:
+		ev.Status.Phase = hooksv1alpha1.EventIgnored
+		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
+			hooksv1alpha1.ReasonAllOperationsDone, "no route matched the event type; stored for the record only")
+	default:
+		err = r.dispatch(ctx, &ev)
+		derivePhase(&ev)
+	}
+
+	if !equality.Semantic.DeepEqual(before.Status, ev.Status) {
+		if perr := r.Status().Patch(ctx, &ev, client.MergeFrom(before)); perr != nil {
+			return ctrl.Result{}, fmt.Errorf("patch status of webhookevent %s: %w", req.NamespacedName, perr)
+		}
+	}
+	return ctrl.Result{}, err
+}
+
+func (r *WebhookEventReconciler) quarantined(ev *hooksv1alpha1.WebhookEvent) {
+	ev.Status.Phase = hooksv1alpha1.EventQuarantined
+	setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+		hooksv1alpha1.ReasonConflictingEventReuse,
+		fmt.Sprintf("event ID %q was delivered again with a different payload than %s; this delivery has no effect and needs review",
+			ev.Spec.EventID, ev.Spec.Quarantine.OriginalEvent))
+}
+
+// dispatch creates or links every child and records each operation's outcome once:
+// an outcome is a fact about what this event did, so it is never recomputed (a later
+// newer version must not turn this event's "Created" into "Superseded"). Only the
+// mirrored child state is refreshed.
+func (r *WebhookEventReconciler) dispatch(ctx context.Context, ev *hooksv1alpha1.WebhookEvent) error {
+	recorded := map[string]hooksv1alpha1.OperationStatus{}
+	for _, op := range ev.Status.Operations {
+		recorded[string(op.Type)+"/"+op.Key] = op
+	}
+	var ops []hooksv1alpha1.OperationStatus
+	var errs []error
+	for i := range ev.Spec.JobCompletions {
+		f := &ev.Spec.JobCompletions[i]
+		op, err := r.jobCompletion(ctx, ev, f, recorded[string(hooksv1alpha1.OperationJobCompletion)+"/"+f.JobID])
+		errs = append(errs, err)
+		ops = append(ops, op)
+	}
+	for i := range ev.Spec.Settlements {
+		f := &ev.Spec.Settlements[i]
+		op, err := r.settlement(ctx, ev, f, recorded[string(hooksv1alpha1.OperationBillingSettlement)+"/"+f.SettlementKey])
+		errs = append(errs, err)
+		ops = append(ops, op)
+	}
+	ev.Status.Operations = ops
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// childDeleted keeps the recorded outcome of a child someone deleted after it was
+// dispatched. It is never re-created: deleting a record is a human decision, and
+// re-creating a settlement would charge what they chose not to (the reconciliation
+// pass reports the gap instead).
+func childDeleted(prev hooksv1alpha1.OperationStatus) hooksv1alpha1.OperationStatus {
+	prev.State = stateDeleted
+	prev.Message = "the record was deleted after dispatch and is not re-created"
+	return prev
+}
+
+// stateDeleted is mirrored for a child deleted after dispatch.
+const stateDeleted = "Deleted"
+
+func final(o hooksv1alpha1.OperationOutcome) bool {
+	return o != "" && o != hooksv1alpha1.OutcomePending && o != hooksv1alpha1.OutcomeFailed
+}
+
+func (r *WebhookEventReconciler) jobCompletion(ctx context.Context, ev *hooksv1alpha1.WebhookEvent,
+	f *hooksv1alpha1.JobCompletionFacts, prev hooksv1alpha1.OperationStatus) (hooksv1alpha1.OperationStatus, error) {
+	name := identity.JobCompletionName(ev.Spec.Provider, f.JobID)
+	op := hooksv1alpha1.OperationStatus{Type: hooksv1alpha1.OperationJobCompletion, Key: f.JobID, Child: name,
+		Outcome: hooksv1alpha1.OutcomePending}
+	key := types.NamespacedName{Namespace: ev.Namespace, Name: name}
+	proposed := hooksv1alpha1.Completion{Version: f.Version, State: f.State, CompletedAt: f.CompletedAt,
+		Usage: f.Usage, SourceEvent: ev.Name}
+
+	var jc hooksv1alpha1.JobCompletion
+	err := r.Get(ctx, key, &jc)
+	if apierrors.IsNotFound(err) && final(prev.Outcome) {
+		return childDeleted(prev), nil
+	}
+	if apierrors.IsNotFound(err) {
+		jc = hooksv1alpha1.JobCompletion{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: name, Labels: map[string]string{
+				hooksv1alpha1.LabelProvider: ev.Spec.Provider,
+				hooksv1alpha1.LabelJob:      identity.Hash32(f.JobID),
+				hooksv1alpha1.LabelEvent:    eventHash(ev),
+			}},
+			Spec: hooksv1alpha1.JobCompletionSpec{Provider: ev.Spec.Provider, JobID: f.JobID, Completion: proposed,
+				Sink: f.Sink.DeepCopy()},
+		}
+		err = r.Create(ctx, &jc)
+		if err == nil {
+			op.Outcome, op.Message = hooksv1alpha1.OutcomeCreated, fmt.Sprintf("version %d", f.Version)
+			op.State = string(hooksv1alpha1.JobCompletionPending)
+			return op, nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return op, fmt.Errorf("create jobcompletion %s: %w", name, err)
+		}
+		// Created concurrently by another event: read it live and compare.
+		err = r.APIReader.Get(ctx, key, &jc)
+	}
+	if err != nil {
+		return op, fmt.Errorf("get jobcompletion %s: %w", name, err)
+	}
+	op.State = mirroredJobState(&jc)
+	if final(prev.Outcome) {
+		op.Outcome, op.Message = prev.Outcome, prev.Message
+		return op, nil
+	}
+
+	current := jc.Spec.Completion
+	switch {
+	case f.Version > current.Version:
+		// The guarded transition: only a greater version replaces the proposal, and the
+		// Update carries our resourceVersion, so a concurrent proposal makes us re-read
+		// and compare again instead of overwriting (CEL refuses a lower one as well).
+		jc.Spec.Completion = proposed
+		jc.Spec.Sink = f.Sink.DeepCopy()
+		if err := r.Update(ctx, &jc); err != nil {
+			return op, fmt.Errorf("propose version %d to jobcompletion %s: %w", f.Version, name, err)
+		}
+		op.Outcome = hooksv1alpha1.OutcomeCreated
+		op.Message = fmt.Sprintf("version %d replaces version %d", f.Version, current.Version)
+		op.State = string(hooksv1alpha1.JobCompletionPending)
+	case f.Version < current.Version:
+		op.Outcome = hooksv1alpha1.OutcomeSuperseded
+		op.Message = fmt.Sprintf("version %d is older than version %d from %s; the job does not move backward",
+			f.Version, current.Version, current.SourceEvent)
+		r.Recorder.Eventf(&jc, ev, "Normal", hooksv1alpha1.ReasonVersionSuperseded, "Supersede",
+			"version %d from %s is older than version %d; ignored", f.Version, ev.Name, current.Version)
+	case sameCompletion(current, proposed):
+		op.Outcome = hooksv1alpha1.OutcomeLinked
+		if current.SourceEvent == ev.Name {
+			op.Outcome = hooksv1alpha1.OutcomeCreated
+		}
+		op.Message = fmt.Sprintf("version %d", f.Version)
+	default:
+		op.Outcome = hooksv1alpha1.OutcomeConflict
+		op.Message = fmt.Sprintf("version %d was already reported by %s with different content", f.Version, current.SourceEvent)
+		r.Recorder.Eventf(&jc, ev, "Warning", hooksv1alpha1.ReasonVersionConflict, "Conflict",
+			"%s reports version %d with different content than %s", ev.Name, f.Version, current.SourceEvent)
+	}
+	return op, nil
+}
+
+// sameCompletion compares the facts of a completion, not who reported them.
+func sameCompletion(a, b hooksv1alpha1.Completion) bool {
+	a.SourceEvent, b.SourceEvent = "", ""
+	return equality.Semantic.DeepEqual(a, b)
+}
+
+func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alpha1.WebhookEvent,
+	f *hooksv1alpha1.SettlementFacts, prev hooksv1alpha1.OperationStatus) (hooksv1alpha1.OperationStatus, error) {
+	name := identity.SettlementName(ev.Spec.Provider, f.SettlementKey)
+	op := hooksv1alpha1.OperationStatus{Type: hooksv1alpha1.OperationBillingSettlement, Key: f.SettlementKey,
+		Child: name, Outcome: hooksv1alpha1.OutcomePending}
+	key := types.NamespacedName{Namespace: ev.Namespace, Name: name}
+	want := NewSettlement(ev, f)
+
+	var bs hooksv1alpha1.BillingSettlement
+	err := r.Get(ctx, key, &bs)
+	if apierrors.IsNotFound(err) && final(prev.Outcome) {
+		return childDeleted(prev), nil
+	}
+	if apierrors.IsNotFound(err) {
+		err = r.Create(ctx, want)
+		if err == nil {
+			op.Outcome, op.State = hooksv1alpha1.OutcomeCreated, string(hooksv1alpha1.SettlementPending)
+			return op, nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return op, fmt.Errorf("create billingsettlement %s: %w", name, err)
+		}
+		err = r.APIReader.Get(ctx, key, &bs)
+	}
+	if err != nil {
+		return op, fmt.Errorf("get billingsettlement %s: %w", name, err)
+	}
+	op.State = mirroredSettlementState(&bs)
+	if final(prev.Outcome) {
+		op.Outcome, op.Message = prev.Outcome, prev.Message
+		return op, nil
+	}
+	switch {
+	case !sameCharge(bs.Spec, want.Spec):
+		op.Outcome = hooksv1alpha1.OutcomeConflict
+		op.Message = fmt.Sprintf("settlement key %q already exists with different content (from %s); nothing is charged for this event",
+			f.SettlementKey, bs.Spec.SourceEvent)
+		r.Recorder.Eventf(&bs, ev, "Warning", hooksv1alpha1.ReasonOperationAmbiguous, "Conflict",
+			"%s asks for settlement key %q with different content", ev.Name, f.SettlementKey)
+	case bs.Spec.SourceEvent == ev.Name:
+		op.Outcome = hooksv1alpha1.OutcomeCreated
+	default:
+		op.Outcome = hooksv1alpha1.OutcomeLinked
+		op.Message = "already requested by " + bs.Spec.SourceEvent
+	}
+	return op, nil
+}
+
+// NewSettlement builds the BillingSettlement an event's settlement facts ask for: its
+// name and idempotency key derive from the settlement key alone, so every event
+// asking for the same charge names the same object and the same provider key.
+func NewSettlement(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.SettlementFacts) *hooksv1alpha1.BillingSettlement {
+	labels := map[string]string{
+		hooksv1alpha1.LabelProvider:        ev.Spec.Provider,
+		hooksv1alpha1.LabelSettlement:      identity.Hash32(f.SettlementKey),
+		hooksv1alpha1.LabelBillingProvider: f.BillingProviderRef,
+		hooksv1alpha1.LabelEvent:           eventHash(ev),
+	}
+	if f.JobID != "" {
+		labels[hooksv1alpha1.LabelJob] = identity.Hash32(f.JobID)
+	}
+	return &hooksv1alpha1.BillingSettlement{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: identity.SettlementName(ev.Spec.Provider, f.SettlementKey),
+			Labels: labels},
+		Spec: hooksv1alpha1.BillingSettlementSpec{
+			BillingProviderRef: f.BillingProviderRef, SettlementKey: f.SettlementKey,
+			IdempotencyKey: identity.IdempotencyKey(f.SettlementKey), Type: hooksv1alpha1.SettlementCharge,
+			Customer: f.Customer, Usage: f.Usage.DeepCopy(), Amount: f.Amount.DeepCopy(), JobID: f.JobID,
+			WebhookProvider: ev.Spec.Provider, SourceEvent: ev.Name,
+		},
+	}
+}
+
+// sameCharge compares what would be charged, not which event asked first.
+func sameCharge(a, b hooksv1alpha1.BillingSettlementSpec) bool {
+	a.SourceEvent, b.SourceEvent = "", ""
+	a.Metadata, b.Metadata = nil, nil
+	return equality.Semantic.DeepEqual(a, b)
+}
+
+// eventHash is the hash part of an event's name, short enough for a label value.
+func eventHash(ev *hooksv1alpha1.WebhookEvent) string {
+	return identity.Hash32(ev.Namespace, ev.Spec.Provider, ev.Spec.EventID)
+}
+
+// health classifies a child's state for the event's phase.
+type health int
+
+const (
+	healthGood health = iota
+	healthProgressing
+	healthFailing
+	healthAmbiguous
+)
+
+func operationHealth(op hooksv1alpha1.OperationStatus) health {
+	switch op.Outcome {
+	case hooksv1alpha1.OutcomeSuperseded:
+		return healthGood
+	case hooksv1alpha1.OutcomeConflict:
+		return healthAmbiguous
+	case hooksv1alpha1.OutcomeFailed:
+		return healthFailing
+	case hooksv1alpha1.OutcomePending:
+		return healthProgressing
+	}
+	switch op.State {
+	case string(hooksv1alpha1.JobCompletionApplied), string(hooksv1alpha1.JobCompletionSuperseded),
+		string(hooksv1alpha1.SettlementSettled):
+		return healthGood
+	case string(hooksv1alpha1.SettlementFailed): // same string as JobCompletionFailed
+		return healthFailing
+	case string(hooksv1alpha1.SettlementRequiresReconciliation):
+		return healthAmbiguous
+	case stateRetrying:
+		return healthFailing
+	case stateDeleted:
+		return healthAmbiguous
+	}
+	return healthProgressing
+}
+
+func mirroredJobState(jc *hooksv1alpha1.JobCompletion) string {
+	if jc.Status.LastError != "" && jc.Status.State == hooksv1alpha1.JobCompletionPending {
+		return stateRetrying
+	}
+	if jc.Status.State == "" {
+		return string(hooksv1alpha1.JobCompletionPending)
+	}
+	return string(jc.Status.State)
+}
+
+func mirroredSettlementState(bs *hooksv1alpha1.BillingSettlement) string {
+	switch bs.Status.State {
+	case "":
+		return string(hooksv1alpha1.SettlementPending)
+	case hooksv1alpha1.SettlementPending, hooksv1alpha1.SettlementSubmitted:
+		if bs.Status.LastError != nil {
+			return stateRetrying
+		}
+	}
+	return string(bs.Status.State)
+}
+
+// stateRetrying is mirrored for a child that is being retried after an error, so the
+// event shows PartiallyFailed (DESIGN §9) while the child itself stays in its state.
+const stateRetrying = "Retrying"
+
+// derivePhase summarises the operations; the event's status only mirrors its children.
+func derivePhase(ev *hooksv1alpha1.WebhookEvent) {
+	worst, done := healthGood, 0
+	for _, op := range ev.Status.Operations {
+		h := operationHealth(op)
+		if h > worst {
+			worst = h
+		}
+		if h == healthGood {
+			done++
+		}
+	}
+	n := len(ev.Status.Operations)
+	dispatched := metav1.ConditionTrue
+	for _, op := range ev.Status.Operations {
+		if op.Outcome == hooksv1alpha1.OutcomePending {
+			dispatched = metav1.ConditionFalse
+		}
+	}
+	setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionDispatched, dispatched,
+		map[metav1.ConditionStatus]string{metav1.ConditionTrue: hooksv1alpha1.ReasonAccepted,
+			metav1.ConditionFalse: hooksv1alpha1.ReasonOperationsInProgress}[dispatched],
+		fmt.Sprintf("%d operation(s)", n))
+	switch worst {
+	case healthAmbiguous:
+		ev.Status.Phase = hooksv1alpha1.EventRequiresReconciliation
+		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+			hooksv1alpha1.ReasonOperationAmbiguous, "an operation conflicts or its outcome needs reconciliation; see status.operations")
+	case healthFailing:
+		ev.Status.Phase = hooksv1alpha1.EventPartiallyFailed
+		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+			hooksv1alpha1.ReasonOperationFailed,
+			fmt.Sprintf("%d of %d operations done; the others failed or are being retried (see status.operations)", done, n))
+	case healthProgressing:
+		ev.Status.Phase = hooksv1alpha1.EventDispatching
+		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+			hooksv1alpha1.ReasonOperationsInProgress, fmt.Sprintf("%d of %d operations done", done, n))
+	default:
+		ev.Status.Phase = hooksv1alpha1.EventComplete
+		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
+			hooksv1alpha1.ReasonAllOperationsDone, fmt.Sprintf("all %d operations done", n))
+	}
+}
+
+// eventChildren lists the child names an event's facts derive, for the index.
+func eventChildren(obj client.Object) []string {
+	ev := obj.(*hooksv1alpha1.WebhookEvent)
+	var names []string
+	for _, f := range ev.Spec.JobCompletions {
+		names = append(names, identity.JobCompletionName(ev.Spec.Provider, f.JobID))
+	}
+	for _, f := range ev.Spec.Settlements {
+		names = append(names, identity.SettlementName(ev.Spec.Provider, f.SettlementKey))
+	}
+	return names
+}
+
+// eventsOfChild maps a changed child to the events that dispatched it.
+func (r *WebhookEventReconciler) eventsOfChild(ctx context.Context, obj client.Object) []reconcile.Request {
+	var l hooksv1alpha1.WebhookEventList
+	if err := r.List(ctx, &l, client.InNamespace(obj.GetNamespace()), client.MatchingFields{IndexEventChildren: obj.GetName()}); err != nil {
+		log.FromContext(ctx).Error(err, "list events of child", "child", obj.GetName())
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(l.Items))
+	for _, ev := range l.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ev.Namespace, Name: ev.Name}})
+	}
+	return reqs
+}
+
+// SetupWithManager registers the controller and its index.
+func (r *WebhookEventReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &hooksv1alpha1.WebhookEvent{},
+		IndexEventChildren, eventChildren); err != nil {
+		return fmt.Errorf("index webhookevents by child: %w", err)
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(WebhookEventControllerName).
+		For(&hooksv1alpha1.WebhookEvent{}).
+		Watches(&hooksv1alpha1.JobCompletion{}, handler.EnqueueRequestsFromMapFunc(r.eventsOfChild)).
+		Watches(&hooksv1alpha1.BillingSettlement{}, handler.EnqueueRequestsFromMapFunc(r.eventsOfChild)).
+		Complete(r)
+}
