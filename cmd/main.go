@@ -112,6 +112,13 @@ func main() {
 		log.Error(err, "unable to set up controller", "controller", controllers.BillingSettlementControllerName)
 		os.Exit(1)
 	}
+	if err := (&controllers.BillingProviderReconciler{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Recorder: mgr.GetEventRecorder(controllers.BillingProviderControllerName),
+	}).SetupWithManager(mgr); err != nil {
+		log.Error(err, "unable to set up controller", "controller", controllers.BillingProviderControllerName)
+		os.Exit(1)
+	}
 	metrics.Registry.MustRegister(controllers.NewObjectsCollector(mgr.GetCache()))
 
 	recv := receiver.New(recvOpts, mgr.GetCache(), mgr.GetClient(), mgr.GetAPIReader(),

@@ -2,11 +2,9 @@ package controllers
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
+	"math/big"
 	"strings"
-	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -62,8 +60,7 @@ type BillingSettlementReconciler struct {
 	// Now is the clock (time.Now).
 	Now func() time.Time
 
-	mu      sync.Mutex
-	clients map[string]billing.Client
+	clients providerClients
 }
 
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingsettlements,verbs=get;list;watch;update;patch
@@ -147,6 +144,9 @@ func (r *BillingSettlementReconciler) reconcileNormal(ctx context.Context, s *se
 	if err := r.updateReversedBy(ctx, s); err != nil {
 		return ctrl.Result{}, err
 	}
+	if res, done, err := r.handleReconcileRequest(ctx, s); done || err != nil {
+		return res, err
+	}
 
 	switch st.State {
 	case hooksv1alpha1.SettlementSettled, hooksv1alpha1.SettlementFailed, hooksv1alpha1.SettlementRequiresReconciliation:
@@ -216,6 +216,45 @@ func (r *BillingSettlementReconciler) handleReplay(s *settlementScope) {
 		"replay %q: resuming from %s with key %s", token, from, bs.Spec.IdempotencyKey)
 }
 
+// handleReconcileRequest acts on a new reconcile-request annotation (set by a
+// reconciliation pass): the settlement asks its provider by key, now, whatever its
+// state or backoff, and imports a matching final answer. This is how a pass repairs
+// "provider settled, local pending/failed" without a side path: the same lookup, the
+// same key, the same adopt rules.
+func (r *BillingSettlementReconciler) handleReconcileRequest(ctx context.Context, s *settlementScope) (ctrl.Result, bool, error) {
+	bs, st := s.bs, &s.bs.Status
+	token := bs.Annotations[hooksv1alpha1.AnnotationReconcileRequest]
+	if token == "" || token == st.ReconcileRequest {
+		return ctrl.Result{}, false, nil
+	}
+	if len(token) > 256 {
+		token = token[:256]
+	}
+	st.ReconcileRequest = token
+	if st.State == hooksv1alpha1.SettlementSettled || st.FirstSubmittedAt == nil {
+		return ctrl.Result{}, false, nil
+	}
+	if res, done, err := r.resolveProvider(ctx, s); done || err != nil {
+		return res, true, err
+	}
+	rec, found, err := s.client.Lookup(ctx, bs.Spec.IdempotencyKey)
+	if err != nil {
+		settlementAttempts.WithLabelValues("lookup", classLabel(err)).Inc()
+		return ctrl.Result{}, false, nil // the normal path retries
+	}
+	settlementAttempts.WithLabelValues("lookup", "ok").Inc()
+	if !found {
+		return ctrl.Result{}, false, nil
+	}
+	if st.State == hooksv1alpha1.SettlementPending || st.State == hooksv1alpha1.SettlementSubmitted ||
+		rec.Status != "pending" {
+		r.Recorder.Eventf(bs, nil, "Normal", hooksv1alpha1.ReasonConfirmedByProvider, "Reconcile",
+			"reconcile request %q: the provider has key %s as %s (%s)", token, bs.Spec.IdempotencyKey, rec.ID, rec.Status)
+		return r.adopt(ctx, s, rec, policyOf(s.provider)), true, nil
+	}
+	return ctrl.Result{}, false, nil
+}
+
 // resolveCompensation finds the key of the settlement a Refund or Void reverses; it
 // waits until the original has at least been sent.
 func (r *BillingSettlementReconciler) resolveCompensation(ctx context.Context, s *settlementScope) (ctrl.Result, bool, error) {
@@ -272,36 +311,7 @@ const ReasonBillingProviderNotFound = "BillingProviderNotReady"
 // clientFor returns a client for the provider, reused while its spec and token stay
 // the same so connections are pooled.
 func (r *BillingSettlementReconciler) clientFor(ctx context.Context, bp *hooksv1alpha1.BillingProvider) (billing.Client, error) {
-	token, err := readSecretKey(ctx, r.APIReader, bp.Namespace, &bp.Spec.CredentialsSecretRef)
-	if err != nil {
-		return nil, err
-	}
-	sum := sha256.Sum256([]byte(token))
-	key := fmt.Sprintf("%s/%d/%s", bp.UID, bp.Generation, hex.EncodeToString(sum[:8]))
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if c, ok := r.clients[key]; ok {
-		return c, nil
-	}
-	newClient := r.NewClient
-	if newClient == nil {
-		newClient = billing.NewHTTP
-	}
-	c, err := newClient(billing.HTTPConfig{Endpoint: bp.Spec.Endpoint, Token: token,
-		Timeout: durationOr(bp.Spec.RequestTimeout, defaultRequestTimeout)})
-	if err != nil {
-		return nil, fmt.Errorf("billing provider %s: %w", bp.Name, err)
-	}
-	if r.clients == nil {
-		r.clients = map[string]billing.Client{}
-	}
-	for k := range r.clients {
-		if strings.HasPrefix(k, string(bp.UID)+"/") {
-			delete(r.clients, k)
-		}
-	}
-	r.clients[key] = c
-	return c, nil
+	return r.clients.get(ctx, r.APIReader, r.NewClient, bp)
 }
 
 type retryPolicy struct {
@@ -503,9 +513,16 @@ func (r *BillingSettlementReconciler) failedAttempt(s *settlementScope, p retryP
 	return ctrl.Result{RequeueAfter: wait}, true, nil
 }
 
-// adopt takes the provider's record as the truth.
+// adopt takes the provider's record as the truth — if it is the same operation: a
+// record under our key with another amount or usage is a conflict for a human.
 func (r *BillingSettlementReconciler) adopt(ctx context.Context, s *settlementScope, rec billing.Record, p retryPolicy) ctrl.Result {
 	bs, st := s.bs, &s.bs.Status
+	if why := RecordMismatch(bs, rec); why != "" {
+		st.ProviderRef, st.ProviderStatus = rec.ID, rec.Status
+		r.requiresReconciliation(s, hooksv1alpha1.ReasonMismatchWithProvider,
+			fmt.Sprintf("the provider's record %s under key %s differs: %s", rec.ID, bs.Spec.IdempotencyKey, why))
+		return ctrl.Result{}
+	}
 	st.ProviderRef, st.ProviderStatus, st.LastError, st.NextAttemptAt = rec.ID, rec.Status, nil, nil
 	if st.FirstSubmittedAt == nil { // learned from the provider before we ever sent it (reconciliation import)
 		now := metav1.NewTime(s.now)
@@ -685,4 +702,26 @@ func (r *BillingSettlementReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			UpdateFunc: func(event.UpdateEvent) bool { return false },
 		})).
 		Complete(r)
+}
+
+// RecordMismatch says how a provider's record differs from the settlement it is
+// filed under ("" when it matches). Fields the provider did not return are not
+// compared.
+func RecordMismatch(bs *hooksv1alpha1.BillingSettlement, rec billing.Record) string {
+	if a, b := bs.Spec.Amount, rec.Amount; a != nil && b != nil && (a.Minor != b.Minor || a.Currency != b.Currency) {
+		return fmt.Sprintf("amount %d %s locally, %d %s at the provider", a.Minor, a.Currency, b.Minor, b.Currency)
+	}
+	if u, v := bs.Spec.Usage, rec.Usage; u != nil && v != nil && !sameQuantity(u.Quantity, v.Quantity) {
+		return fmt.Sprintf("usage %s locally, %s at the provider", u.Quantity, v.Quantity)
+	}
+	return ""
+}
+
+func sameQuantity(a, b string) bool {
+	x, ok1 := new(big.Rat).SetString(a)
+	y, ok2 := new(big.Rat).SetString(b)
+	if !ok1 || !ok2 {
+		return a == b
+	}
+	return x.Cmp(y) == 0
 }

@@ -33,6 +33,11 @@ var (
 		Buckets: prometheus.ExponentialBuckets(0.05, 2, 16),
 	})
 
+	eventsExpired = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "settlement_events_expired_total",
+		Help: "Complete WebhookEvents deleted by retention.",
+	})
+
 	jobTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_job_completion_transitions_total",
 		Help: "JobCompletion state transitions by the state entered.",
@@ -40,7 +45,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(settlementAttempts, settlementTransitions, deadLetters, receiptToSettled, jobTransitions)
+	metrics.Registry.MustRegister(eventsExpired, settlementAttempts, settlementTransitions, deadLetters, receiptToSettled, jobTransitions)
 }
 
 // ObjectsCollector reports how many objects of each kind are in each state, counted

@@ -116,6 +116,8 @@ func startManager() *runningManager {
 		Recorder: m.GetEventRecorder("jobcompletion")}).SetupWithManager(m)).To(Succeed())
 	Expect((&controllers.BillingSettlementReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("billingsettlement")}).SetupWithManager(m)).To(Succeed())
+	Expect((&controllers.BillingProviderReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
+		Recorder: m.GetEventRecorder("billingprovider")}).SetupWithManager(m)).To(Succeed())
 	recv := receiver.New(receiver.Options{BindAddress: "127.0.0.1:0", SecretTTL: time.Second}, m.GetCache(),
 		m.GetClient(), m.GetAPIReader(), m.GetEventRecorder("receiver"))
 	Expect(receiver.WarmCache(ctx, m.GetCache())).To(Succeed())

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -35,9 +36,11 @@ type WebhookEventReconciler struct {
 	// APIReader reads a child live after an AlreadyExists the cache has not seen yet.
 	APIReader client.Reader
 	Recorder  recorder.EventRecorder
+	// Now is the clock (time.Now).
+	Now func() time.Time
 }
 
-// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents,verbs=get;list;watch
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=jobcompletions,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingsettlements,verbs=get;list;watch;create
@@ -64,12 +67,63 @@ func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		derivePhase(&ev)
 	}
 
+	var res ctrl.Result
+	if err == nil {
+		var expired bool
+		if res, expired, err = r.retention(ctx, &ev); expired {
+			return ctrl.Result{}, err
+		}
+	}
 	if !equality.Semantic.DeepEqual(before.Status, ev.Status) {
 		if perr := r.Status().Patch(ctx, &ev, client.MergeFrom(before)); perr != nil {
 			return ctrl.Result{}, fmt.Errorf("patch status of webhookevent %s: %w", req.NamespacedName, perr)
 		}
 	}
-	return ctrl.Result{}, err
+	return res, err
+}
+
+// defaultEventRetention applies when a provider predates the retention field.
+const defaultEventRetention = 7 * 24 * time.Hour
+
+// retention deletes a complete event once its provider's retention has passed since
+// receipt (DESIGN §8): by then the sender can no longer retry it, so its dedup record
+// is no longer needed. Events that are not complete, including quarantined ones, are
+// kept for the reconciliation pass and for review. Children are never touched.
+func (r *WebhookEventReconciler) retention(ctx context.Context, ev *hooksv1alpha1.WebhookEvent) (ctrl.Result, bool, error) {
+	if ev.Status.Phase != hooksv1alpha1.EventComplete && ev.Status.Phase != hooksv1alpha1.EventIgnored {
+		ev.Status.DeleteAfter = nil
+		return ctrl.Result{}, false, nil
+	}
+	keep := defaultEventRetention
+	var wp hooksv1alpha1.WebhookProvider
+	if err := r.Get(ctx, types.NamespacedName{Namespace: ev.Namespace, Name: ev.Spec.Provider}, &wp); err == nil {
+		if rs := wp.Spec.Retention; rs != nil {
+			keep = durationOr(rs.Events, keep)
+		}
+	} else if !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, false, fmt.Errorf("get webhookprovider %s: %w", ev.Spec.Provider, err)
+	}
+	deleteAfter := ev.Spec.ReceivedAt.Add(keep)
+	t := metav1.NewTime(deleteAfter)
+	ev.Status.DeleteAfter = &t
+	now := r.now()
+	if now.Before(deleteAfter) {
+		return ctrl.Result{RequeueAfter: deleteAfter.Sub(now)}, false, nil
+	}
+	// Preconditions: delete exactly the version we judged complete.
+	err := r.Delete(ctx, ev, client.Preconditions{UID: &ev.UID, ResourceVersion: &ev.ResourceVersion})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, true, fmt.Errorf("delete expired webhookevent %s: %w", ev.Name, err)
+	}
+	eventsExpired.Inc()
+	return ctrl.Result{}, true, nil
+}
+
+func (r *WebhookEventReconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
 }
 
 func (r *WebhookEventReconciler) quarantined(ev *hooksv1alpha1.WebhookEvent) {

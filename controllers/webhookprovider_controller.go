@@ -39,6 +39,7 @@ type WebhookProviderReconciler struct {
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookproviders,verbs=get;list;watch
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookproviders/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents,verbs=get;list;watch
 
 // Reconcile validates one provider and writes its Ready condition.
 func (r *WebhookProviderReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -55,6 +56,9 @@ func (r *WebhookProviderReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		return ctrl.Result{}, err
 	}
 	setCondition(&p.Status.Conditions, p.Generation, hooksv1alpha1.ConditionReady, status, reason, message)
+	if err := r.nextRetentionSweep(ctx, &p); err != nil {
+		return ctrl.Result{}, err
+	}
 	if !equality.Semantic.DeepEqual(before.Status, p.Status) {
 		if err := r.Status().Patch(ctx, &p, client.MergeFrom(before)); err != nil {
 			return ctrl.Result{}, fmt.Errorf("patch status of webhookprovider %s: %w", req.NamespacedName, err)
@@ -109,6 +113,22 @@ func (r *WebhookProviderReconciler) check(ctx context.Context, p *hooksv1alpha1.
 	}
 	return metav1.ConditionTrue, hooksv1alpha1.ReasonValid,
 		fmt.Sprintf("receiving at %s with %d signing key(s)", p.Status.EndpointPath, usable), nil
+}
+
+// nextRetentionSweep shows when retention next deletes one of the provider's events.
+func (r *WebhookProviderReconciler) nextRetentionSweep(ctx context.Context, p *hooksv1alpha1.WebhookProvider) error {
+	var l hooksv1alpha1.WebhookEventList
+	if err := r.List(ctx, &l, client.InNamespace(p.Namespace), client.MatchingLabels{hooksv1alpha1.LabelProvider: p.Name}); err != nil {
+		return fmt.Errorf("list events of %s: %w", p.Name, err)
+	}
+	var next *metav1.Time
+	for i := range l.Items {
+		if d := l.Items[i].Status.DeleteAfter; d != nil && (next == nil || d.Before(next)) {
+			next = d.DeepCopy()
+		}
+	}
+	p.Status.NextRetentionSweep = next
+	return nil
 }
 
 // SetupWithManager registers the controller. Status-only updates do not trigger it.

@@ -236,6 +236,16 @@ type BillingSettlementStatus struct {
 	// +optional
 	Replay *ReplayStatus `json:"replay,omitempty"`
 
+	// reconcileRequest is the reconcile-request annotation value last acted on.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	ReconcileRequest string `json:"reconcileRequest,omitempty"`
+
+	// lastReconciledAt is when a reconciliation pass last confirmed this settlement
+	// against the provider's record.
+	// +optional
+	LastReconciledAt *metav1.Time `json:"lastReconciledAt,omitempty"`
+
 	// reversedBy lists settlements that compensate this one.
 	// +optional
 	// +kubebuilder:validation:MaxItems=16

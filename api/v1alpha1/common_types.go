@@ -22,6 +22,12 @@ const (
 	// idempotency key. Only the value's change matters; it is recorded in status.
 	AnnotationReplay = "hooks.settlement.dev/replay"
 
+	// AnnotationReconcileRequest is set by a reconciliation pass (to the report's
+	// name) to ask a record's own controller to repair it through its normal path: a
+	// settlement asks its provider by key and imports the answer; an event is
+	// dispatched again. Users may set it too.
+	AnnotationReconcileRequest = "hooks.settlement.dev/reconcile-request"
+
 	// FinalizerSettlementProtection blocks deletion of a BillingSettlement whose outcome
 	// at the provider is unknown, so a charge can never lose its local record.
 	FinalizerSettlementProtection = "hooks.settlement.dev/settlement-protection"

@@ -296,6 +296,10 @@ func (in *BillingSettlementStatus) DeepCopyInto(out *BillingSettlementStatus) {
 		*out = new(ReplayStatus)
 		(*in).DeepCopyInto(*out)
 	}
+	if in.LastReconciledAt != nil {
+		in, out := &in.LastReconciledAt, &out.LastReconciledAt
+		*out = (*in).DeepCopy()
+	}
 	if in.ReversedBy != nil {
 		in, out := &in.ReversedBy, &out.ReversedBy
 		*out = make([]string, len(*in))

@@ -1,0 +1,61 @@
+package controllers
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"sync"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+)
+
+// providerClients caches one billing client per BillingProvider, keyed by its UID,
+// generation and a fingerprint of its token, so connections are pooled and a spec
+// change or a token rotation takes effect on the next reconcile.
+type providerClients struct {
+	mu      sync.Mutex
+	clients map[string]billing.Client
+}
+
+func (pc *providerClients) get(ctx context.Context, reader client.Reader,
+	newClient func(billing.HTTPConfig) (billing.Client, error), bp *hooksv1alpha1.BillingProvider) (billing.Client, error) {
+	token, err := readSecretKey(ctx, reader, bp.Namespace, &bp.Spec.CredentialsSecretRef)
+	if err != nil {
+		return nil, err
+	}
+	key := fmt.Sprintf("%s/%d/%s", bp.UID, bp.Generation, tokenFingerprint(token))
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if c, ok := pc.clients[key]; ok {
+		return c, nil
+	}
+	if newClient == nil {
+		newClient = billing.NewHTTP
+	}
+	c, err := newClient(billing.HTTPConfig{Endpoint: bp.Spec.Endpoint, Token: token,
+		Timeout: durationOr(bp.Spec.RequestTimeout, defaultRequestTimeout)})
+	if err != nil {
+		return nil, fmt.Errorf("billing provider %s: %w", bp.Name, err)
+	}
+	if pc.clients == nil {
+		pc.clients = map[string]billing.Client{}
+	}
+	for k := range pc.clients {
+		if strings.HasPrefix(k, string(bp.UID)+"/") {
+			delete(pc.clients, k)
+		}
+	}
+	pc.clients[key] = c
+	return c, nil
+}
+
+// tokenFingerprint identifies a token in a cache key without keeping it readable.
+func tokenFingerprint(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:8])
+}

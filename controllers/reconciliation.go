@@ -1,0 +1,457 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
+)
+
+// maxReportItems is how many findings a report lists; counts are always complete.
+const maxReportItems = 100
+
+var (
+	discrepanciesFound = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_reconciliation_discrepancies_total",
+		Help: "Discrepancies found by reconciliation passes, by type.",
+	}, []string{"type"})
+	repairsCarriedOut = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_reconciliation_repairs_total",
+		Help: "Repairs named by reconciliation passes, by action and whether they were carried out.",
+	}, []string{"action", "carried_out"})
+)
+
+func init() { metrics.Registry.MustRegister(discrepanciesFound, repairsCarriedOut) }
+
+// passState accumulates one pass's findings.
+type passState struct {
+	report   *hooksv1alpha1.ReconciliationReportStatus
+	byType   map[hooksv1alpha1.DiscrepancyType]int32
+	examined map[string]int32
+}
+
+func (p *passState) add(d hooksv1alpha1.Discrepancy) {
+	p.byType[d.Type]++
+	p.report.Discrepancies++
+	if d.CarriedOut {
+		p.report.Repaired++
+	}
+	if d.Action == hooksv1alpha1.RepairManualReview {
+		p.report.NeedsReview++
+	}
+	discrepanciesFound.WithLabelValues(string(d.Type)).Inc()
+	repairsCarriedOut.WithLabelValues(string(d.Action), fmt.Sprint(d.CarriedOut)).Inc()
+	if len(p.report.Items) < maxReportItems {
+		d.Message = truncateTo(d.Message, 500)
+		p.report.Items = append(p.report.Items, d)
+	} else {
+		p.report.Truncated = true
+	}
+}
+
+func truncateTo(s string, n int) string {
+	if len(s) > n {
+		return s[:n-3] + "..."
+	}
+	return s
+}
+
+// pass runs one reconciliation and returns its report's name.
+func (r *BillingProviderReconciler) pass(ctx context.Context, bp *hooksv1alpha1.BillingProvider, c billing.Client,
+	policy reconciliationPolicy, now time.Time) (string, error) {
+	start := now.Add(-firstWindow)
+	if bp.Status.LastReconciliation != nil {
+		start = bp.Status.LastReconciliation.Time
+	}
+	rr := &hooksv1alpha1.ReconciliationReport{
+		ObjectMeta: metav1.ObjectMeta{Namespace: bp.Namespace, Name: ReportName(bp.Name, now),
+			Labels: map[string]string{hooksv1alpha1.LabelBillingProvider: bp.Name}},
+		Spec: hooksv1alpha1.ReconciliationReportSpec{BillingProviderRef: bp.Name,
+			WindowStart: metav1.NewTime(start), WindowEnd: metav1.NewTime(now)},
+	}
+	if err := r.Create(ctx, rr); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", fmt.Errorf("create report %s: %w", rr.Name, err)
+	} else if apierrors.IsAlreadyExists(err) {
+		return rr.Name, nil // a pass for this second already ran
+	}
+	base := rr.DeepCopy()
+	p := &passState{report: &rr.Status, byType: map[hooksv1alpha1.DiscrepancyType]int32{}, examined: map[string]int32{}}
+	rr.Status.Phase = hooksv1alpha1.ReportRunning
+
+	err := r.compare(ctx, bp, c, policy, now, rr.Name, p)
+	rr.Status.ObservedGeneration = rr.Generation
+	rr.Status.Examined = p.examined
+	types := make([]string, 0, len(p.byType))
+	for t := range p.byType {
+		types = append(types, string(t))
+	}
+	sort.Strings(types)
+	for _, t := range types {
+		rr.Status.ByType = append(rr.Status.ByType, hooksv1alpha1.DiscrepancyCount{Type: hooksv1alpha1.DiscrepancyType(t), Count: p.byType[hooksv1alpha1.DiscrepancyType(t)]})
+	}
+	done := metav1.NewTime(r.now())
+	rr.Status.CompletedAt = &done
+	if err != nil {
+		rr.Status.Phase = hooksv1alpha1.ReportFailed
+		setCondition(&rr.Status.Conditions, rr.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+			hooksv1alpha1.ReasonAPIServerFailure, truncateMessage(err.Error()))
+	} else {
+		rr.Status.Phase = hooksv1alpha1.ReportCompleted
+		setCondition(&rr.Status.Conditions, rr.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
+			hooksv1alpha1.ReasonValid, fmt.Sprintf("%d discrepancies, %d repaired, %d need review",
+				rr.Status.Discrepancies, rr.Status.Repaired, rr.Status.NeedsReview))
+	}
+	if perr := r.Status().Patch(ctx, rr, client.MergeFrom(base)); perr != nil {
+		return "", fmt.Errorf("write report %s: %w", rr.Name, perr)
+	}
+	if rr.Status.NeedsReview > 0 {
+		r.Recorder.Eventf(bp, rr, "Warning", "DiscrepanciesNeedReview", "Reconcile",
+			"%s: %d discrepancies need review (see docs/runbook.md)", rr.Name, rr.Status.NeedsReview)
+	}
+	return rr.Name, err
+}
+
+// compare answers each question of DESIGN §7 for one provider's namespace.
+func (r *BillingProviderReconciler) compare(ctx context.Context, bp *hooksv1alpha1.BillingProvider, c billing.Client,
+	policy reconciliationPolicy, now time.Time, reportName string, p *passState) error {
+	ns := client.InNamespace(bp.Namespace)
+	var settlements hooksv1alpha1.BillingSettlementList
+	if err := r.List(ctx, &settlements, ns); err != nil {
+		return fmt.Errorf("list settlements: %w", err)
+	}
+	byKey := map[string]*hooksv1alpha1.BillingSettlement{}
+	byName := map[string]*hooksv1alpha1.BillingSettlement{}
+	var mine []*hooksv1alpha1.BillingSettlement
+	for i := range settlements.Items {
+		bs := &settlements.Items[i]
+		byName[bs.Name] = bs
+		if bs.Spec.BillingProviderRef == bp.Name {
+			byKey[bs.Spec.IdempotencyKey] = bs
+			mine = append(mine, bs)
+		}
+	}
+	p.examined["BillingSettlement"] = int32(len(mine))
+
+	var jobs hooksv1alpha1.JobCompletionList
+	if err := r.List(ctx, &jobs, ns); err != nil {
+		return fmt.Errorf("list job completions: %w", err)
+	}
+	jobsByName := map[string]*hooksv1alpha1.JobCompletion{}
+	for i := range jobs.Items {
+		jobsByName[jobs.Items[i].Name] = &jobs.Items[i]
+	}
+	p.examined["JobCompletion"] = int32(len(jobs.Items))
+
+	var providers hooksv1alpha1.WebhookProviderList
+	if err := r.List(ctx, &providers, ns); err != nil {
+		return fmt.Errorf("list webhook providers: %w", err)
+	}
+
+	// 1. Completed billable jobs without a settlement: jobs of a webhook provider
+	// whose routes charge one-per-job at this billing provider.
+	billable := map[string]bool{}
+	for _, wp := range providers.Items {
+		for _, route := range wp.Spec.Routes {
+			for _, op := range route.Operations {
+				if s := op.Settlement; s != nil && s.BillingProviderRef == bp.Name && len(s.KeyFrom) == 0 && s.JobID != "" {
+					billable[wp.Name] = true
+				}
+			}
+		}
+	}
+	for _, jc := range jobs.Items {
+		if !billable[jc.Spec.Provider] || jc.Status.State != hooksv1alpha1.JobCompletionApplied ||
+			jc.Spec.Completion.State != hooksv1alpha1.JobSucceeded {
+			continue
+		}
+		name := identity.SettlementName(jc.Spec.Provider, identity.DefaultSettlementKey(jc.Spec.Provider, jc.Spec.JobID))
+		if _, ok := byName[name]; ok {
+			continue
+		}
+		d := hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyJobWithoutSettlement, Object: "JobCompletion/" + jc.Name,
+			Action: hooksv1alpha1.RepairManualReview,
+			Message: fmt.Sprintf("job %q completed (version %d) but no settlement %s exists: its event was routed without a charge (route changed?) or the settlement was deleted; the customer is not known from the job alone",
+				jc.Spec.JobID, jc.Spec.Completion.Version, name)}
+		p.add(d)
+	}
+
+	// 2. Settlements without a completed job, and 3. settlements stuck.
+	for _, bs := range mine {
+		if bs.Spec.Type == hooksv1alpha1.SettlementCharge && bs.Spec.JobID != "" && bs.Spec.WebhookProvider != "" {
+			jc, ok := jobsByName[identity.JobCompletionName(bs.Spec.WebhookProvider, bs.Spec.JobID)]
+			switch {
+			case !ok:
+				if jobRouteExists(providers.Items, bs.Spec.WebhookProvider) {
+					p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancySettlementWithoutJob, Object: "BillingSettlement/" + bs.Name,
+						Action: hooksv1alpha1.RepairManualReview,
+						Message: fmt.Sprintf("settlement for job %q has no JobCompletion", bs.Spec.JobID)})
+				}
+			case jc.Spec.Completion.State != hooksv1alpha1.JobSucceeded && bs.Status.State == hooksv1alpha1.SettlementSettled &&
+				len(bs.Status.ReversedBy) == 0:
+				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancySettlementWithoutJob, Object: "BillingSettlement/" + bs.Name,
+					Action: hooksv1alpha1.RepairCompensation,
+					Message: fmt.Sprintf("charged, but job %q ended %s (version %d); if it should not be billed, create a Refund that reverses %s",
+						bs.Spec.JobID, jc.Spec.Completion.State, jc.Spec.Completion.Version, bs.Name)})
+			}
+		}
+		if stuckSince(bs, policy.stuckAfter, now) {
+			carried := r.requestReconcile(ctx, bs, reportName)
+			p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancySettlementStuck, Object: "BillingSettlement/" + bs.Name,
+				Action: hooksv1alpha1.RepairAuthoritativeQuery, CarriedOut: carried,
+				Message: fmt.Sprintf("%s since %s; asked the provider by key", bs.Status.State, lastActivity(bs).UTC().Format(time.RFC3339))})
+		}
+	}
+
+	// 4-6. The provider's records against ours. An unreachable provider does not stop
+	// the local checks; the report says the comparison was skipped and fails.
+	providerErr := r.compareProvider(ctx, bp, c, now, reportName, byKey, mine, p)
+
+	// 7-8. Events not complete past a threshold, and quarantined events.
+	var events hooksv1alpha1.WebhookEventList
+	if err := r.List(ctx, &events, ns); err != nil {
+		return fmt.Errorf("list events: %w", err)
+	}
+	examinedEvents := int32(0)
+	for i := range events.Items {
+		ev := &events.Items[i]
+		if !eventConcerns(ev, bp.Name) {
+			continue
+		}
+		examinedEvents++
+		switch ev.Status.Phase {
+		case hooksv1alpha1.EventComplete, hooksv1alpha1.EventIgnored:
+		case hooksv1alpha1.EventQuarantined:
+			p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyEventQuarantined, Object: "WebhookEvent/" + ev.Name,
+				Action: hooksv1alpha1.RepairManualReview,
+				Message: fmt.Sprintf("event ID %q was reused with another payload; it had no effect", ev.Spec.EventID)})
+		default:
+			if now.Sub(ev.Spec.ReceivedAt.Time) < policy.eventStaleAfter {
+				continue
+			}
+			d := hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyEventNotComplete, Object: "WebhookEvent/" + ev.Name,
+				Action: hooksv1alpha1.RepairAutoRetry,
+				Message: fmt.Sprintf("%s since %s", phaseOrNew(ev), ev.Spec.ReceivedAt.UTC().Format(time.RFC3339))}
+			if ev.Status.Phase == hooksv1alpha1.EventRequiresReconciliation {
+				d.Action = hooksv1alpha1.RepairManualReview
+				d.Message += "; an operation conflicts or its record was deleted (see the event's status.operations)"
+			} else {
+				d.CarriedOut = r.touch(ctx, ev, reportName)
+				d.Message += "; dispatched again"
+			}
+			p.add(d)
+		}
+	}
+	p.examined["WebhookEvent"] = examinedEvents
+	if providerErr != nil {
+		return fmt.Errorf("local checks done; comparison with the provider skipped: %w", providerErr)
+	}
+	return nil
+}
+
+func phaseOrNew(ev *hooksv1alpha1.WebhookEvent) string {
+	if ev.Status.Phase == "" {
+		return string(hooksv1alpha1.EventReceived)
+	}
+	return string(ev.Status.Phase)
+}
+
+// eventConcerns scopes events to a billing provider: those that charge at it, and
+// those with no settlement at all (job-only events, quarantine records), which every
+// billing provider of the namespace reports.
+func eventConcerns(ev *hooksv1alpha1.WebhookEvent, bp string) bool {
+	if len(ev.Spec.Settlements) == 0 {
+		return true
+	}
+	for _, s := range ev.Spec.Settlements {
+		if s.BillingProviderRef == bp {
+			return true
+		}
+	}
+	return false
+}
+
+// jobRouteExists reports whether a webhook provider records job completions at all:
+// only then is a settlement without one a discrepancy.
+func jobRouteExists(providers []hooksv1alpha1.WebhookProvider, name string) bool {
+	for _, wp := range providers {
+		if wp.Name != name {
+			continue
+		}
+		for _, route := range wp.Spec.Routes {
+			for _, op := range route.Operations {
+				if op.Type == hooksv1alpha1.OperationJobCompletion {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func lastActivity(bs *hooksv1alpha1.BillingSettlement) time.Time {
+	switch {
+	case bs.Status.LastAttemptAt != nil:
+		return bs.Status.LastAttemptAt.Time
+	case bs.Status.FirstSubmittedAt != nil:
+		return bs.Status.FirstSubmittedAt.Time
+	}
+	return bs.CreationTimestamp.Time
+}
+
+// stuckSince: Submitted (outcome unknown or pending) or Pending past the threshold.
+func stuckSince(bs *hooksv1alpha1.BillingSettlement, after time.Duration, now time.Time) bool {
+	switch bs.Status.State {
+	case hooksv1alpha1.SettlementSubmitted, hooksv1alpha1.SettlementPending, "":
+		start := bs.CreationTimestamp.Time
+		if bs.Status.FirstSubmittedAt != nil {
+			start = bs.Status.FirstSubmittedAt.Time
+		}
+		return now.Sub(start) >= after
+	}
+	return false
+}
+
+// compareProvider walks the provider's records since the window start (with an
+// overlap for clock skew) and compares them with the local settlements.
+func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hooksv1alpha1.BillingProvider, c billing.Client,
+	now time.Time, reportName string, byKey map[string]*hooksv1alpha1.BillingSettlement,
+	mine []*hooksv1alpha1.BillingSettlement, p *passState) error {
+	since := now.Add(-firstWindow)
+	if bp.Status.LastReconciliation != nil {
+		since = bp.Status.LastReconciliation.Add(-reconciliationPolicyOf(bp).stuckAfter)
+	}
+	seen := map[string]bool{}
+	cursor, pages, records := "", 0, int32(0)
+	for {
+		recs, next, err := c.List(ctx, since, cursor)
+		if err != nil {
+			return fmt.Errorf("list the provider's records: %w", err)
+		}
+		for _, rec := range recs {
+			records++
+			seen[rec.IdempotencyKey] = true
+			bs, ok := byKey[rec.IdempotencyKey]
+			if !ok {
+				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyProviderRecordWithoutSettlement,
+					ProviderRef: rec.ID, Action: hooksv1alpha1.RepairManualReview,
+					Message: fmt.Sprintf("the provider has %s %s for key %q (settlement key %q) that no local settlement knows",
+						rec.Type, rec.Status, rec.IdempotencyKey, rec.SettlementKey)})
+				continue
+			}
+			if why := RecordMismatch(bs, rec); why != "" {
+				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyAmountMismatch, Object: "BillingSettlement/" + bs.Name,
+					ProviderRef: rec.ID, Action: hooksv1alpha1.RepairManualReview, Message: why})
+				continue
+			}
+			switch {
+			case rec.Status == billing.StatusSettled && bs.Status.State != hooksv1alpha1.SettlementSettled:
+				carried := r.requestReconcile(ctx, bs, reportName)
+				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyProviderSettledLocalPending,
+					Object: "BillingSettlement/" + bs.Name, ProviderRef: rec.ID, Action: hooksv1alpha1.RepairAuthoritativeQuery,
+					CarriedOut: carried,
+					Message: fmt.Sprintf("the provider settled %s; locally %s: importing the provider's final status by key", rec.ID, orNew(bs.Status.State))})
+			case rec.Status == billing.StatusSettled:
+				r.markReconciled(ctx, bs, rec, now)
+			}
+		}
+		pages++
+		if next == "" || pages >= maxListPages {
+			break
+		}
+		cursor = next
+	}
+	p.examined["ProviderRecord"] = records
+
+	// Local settled but unknown to the provider: those settled in the window that the
+	// list did not show are asked by key before anything is reported.
+	for _, bs := range mine {
+		if bs.Status.State != hooksv1alpha1.SettlementSettled || seen[bs.Spec.IdempotencyKey] ||
+			bs.Status.SettledAt == nil || bs.Status.SettledAt.Time.Before(since) {
+			continue
+		}
+		rec, found, err := c.Lookup(ctx, bs.Spec.IdempotencyKey)
+		if err != nil {
+			return fmt.Errorf("look up %s: %w", bs.Spec.IdempotencyKey, err)
+		}
+		if found && rec.Status == billing.StatusSettled {
+			r.markReconciled(ctx, bs, rec, now)
+			continue
+		}
+		state := "no record"
+		if found {
+			state = rec.Status
+		}
+		p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyLocalSettledProviderUnknown, Object: "BillingSettlement/" + bs.Name,
+			ProviderRef: bs.Status.ProviderRef, Action: hooksv1alpha1.RepairManualReview,
+			Message: fmt.Sprintf("settled locally as %s, but the provider has %s under key %s", bs.Status.ProviderRef, state, bs.Spec.IdempotencyKey)})
+	}
+	return nil
+}
+
+func orNew(s hooksv1alpha1.SettlementState) string {
+	if s == "" {
+		return "new"
+	}
+	return string(s)
+}
+
+// requestReconcile asks a settlement's own controller to query the provider by key,
+// by setting the reconcile-request annotation to the report's name.
+func (r *BillingProviderReconciler) requestReconcile(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, reportName string) bool {
+	if bs.Annotations[hooksv1alpha1.AnnotationReconcileRequest] == reportName {
+		return true
+	}
+	patch := client.MergeFrom(bs.DeepCopy())
+	if bs.Annotations == nil {
+		bs.Annotations = map[string]string{}
+	}
+	bs.Annotations[hooksv1alpha1.AnnotationReconcileRequest] = reportName
+	if err := r.Patch(ctx, bs, patch); err != nil {
+		log.FromContext(ctx).Error(err, "request reconcile", "settlement", bs.Name)
+		return false
+	}
+	return true
+}
+
+// touch asks an event's controller to dispatch it again.
+func (r *BillingProviderReconciler) touch(ctx context.Context, ev *hooksv1alpha1.WebhookEvent, reportName string) bool {
+	patch := client.MergeFrom(ev.DeepCopy())
+	if ev.Annotations == nil {
+		ev.Annotations = map[string]string{}
+	}
+	ev.Annotations[hooksv1alpha1.AnnotationReconcileRequest] = reportName
+	if err := r.Patch(ctx, ev, patch); err != nil {
+		log.FromContext(ctx).Error(err, "request re-dispatch", "event", ev.Name)
+		return false
+	}
+	return true
+}
+
+// markReconciled sets the Reconciled condition on a settled settlement the provider
+// confirmed. Settled settlements are final, so their controller no longer writes
+// them; the optimistic lock still guards against a concurrent write (next pass
+// retries).
+func (r *BillingProviderReconciler) markReconciled(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, rec billing.Record, now time.Time) {
+	if c := findCondition(bs, hooksv1alpha1.ConditionReconciled); c != nil && c.Status == metav1.ConditionTrue {
+		return
+	}
+	base := bs.DeepCopy()
+	t := metav1.NewTime(now)
+	bs.Status.LastReconciledAt = &t
+	setCondition(&bs.Status.Conditions, bs.Generation, hooksv1alpha1.ConditionReconciled, metav1.ConditionTrue,
+		hooksv1alpha1.ReasonConfirmedByProvider, fmt.Sprintf("the provider's record %s matches", rec.ID))
+	if err := r.Status().Patch(ctx, bs, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		log.FromContext(ctx).V(1).Info("mark reconciled skipped", "settlement", bs.Name, "error", err.Error())
+	}
+}
