@@ -39,6 +39,8 @@ func main() {
 		secureMetrics        bool
 		enableHTTP2          bool
 		recvOpts             receiver.Options
+		leaderNamespace      string
+		workers              int
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080",
 		"Address the metrics endpoint binds to; \"0\" disables it.")
@@ -48,6 +50,10 @@ func main() {
 	flag.BoolVar(&secureMetrics, "metrics-secure", false, "Serve metrics over HTTPS.")
 	flag.BoolVar(&enableHTTP2, "enable-http2", false,
 		"Allow HTTP/2 on the metrics server (off: HTTP/2 Rapid Reset and Stream Cancellation CVEs).")
+	flag.StringVar(&leaderNamespace, "leader-election-namespace", "",
+		"Namespace of the leader-election Lease; required with --leader-elect outside a cluster.")
+	flag.IntVar(&workers, "max-concurrent-reconciles", 4,
+		"Records each controller works on at once; settlements call the billing provider, so a slow provider must not hold the others back.")
 	flag.StringVar(&recvOpts.BindAddress, "receiver-bind-address", ":8090",
 		"Address the webhook receiver binds to (every replica receives).")
 	flag.IntVar(&recvOpts.MaxInFlight, "receiver-max-in-flight", 64,
@@ -73,9 +79,10 @@ func main() {
 			SecureServing: secureMetrics,
 			TLSOpts:       tlsOpts,
 		},
-		HealthProbeBindAddress: probeAddr,
-		LeaderElection:         enableLeaderElection,
-		LeaderElectionID:       "settlement-operator.hooks.settlement.dev",
+		HealthProbeBindAddress:  probeAddr,
+		LeaderElection:          enableLeaderElection,
+		LeaderElectionID:        "settlement-operator.hooks.settlement.dev",
+		LeaderElectionNamespace: leaderNamespace,
 		// Release the lease on clean shutdown so a new leader takes over at once.
 		LeaderElectionReleaseOnCancel: true,
 	})
@@ -92,21 +99,21 @@ func main() {
 		os.Exit(1)
 	}
 	if err := (&controllers.WebhookEventReconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: workers,
 		Recorder: mgr.GetEventRecorder(controllers.WebhookEventControllerName),
 	}).SetupWithManager(mgr); err != nil {
 		log.Error(err, "unable to set up controller", "controller", controllers.WebhookEventControllerName)
 		os.Exit(1)
 	}
 	if err := (&controllers.JobCompletionReconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: workers,
 		Recorder: mgr.GetEventRecorder(controllers.JobCompletionControllerName),
 	}).SetupWithManager(mgr); err != nil {
 		log.Error(err, "unable to set up controller", "controller", controllers.JobCompletionControllerName)
 		os.Exit(1)
 	}
 	if err := (&controllers.BillingSettlementReconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: workers,
 		Recorder: mgr.GetEventRecorder(controllers.BillingSettlementControllerName),
 	}).SetupWithManager(mgr); err != nil {
 		log.Error(err, "unable to set up controller", "controller", controllers.BillingSettlementControllerName)

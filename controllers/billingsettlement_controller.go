@@ -14,6 +14,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -59,6 +60,9 @@ type BillingSettlementReconciler struct {
 	NewClient func(cfg billing.HTTPConfig) (billing.Client, error)
 	// Now is the clock (time.Now).
 	Now func() time.Time
+	// MaxConcurrentReconciles is how many records are worked on at once (1): calls to
+	// slow peers must not queue every other record behind them.
+	MaxConcurrentReconciles int
 
 	clients providerClients
 }
@@ -701,6 +705,7 @@ func (r *BillingSettlementReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&hooksv1alpha1.BillingSettlement{}, reversed, builder.WithPredicates(predicate.Funcs{
 			UpdateFunc: func(event.UpdateEvent) bool { return false },
 		})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
 		Complete(r)
 }
 

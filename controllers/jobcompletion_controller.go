@@ -11,6 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
@@ -40,6 +41,9 @@ type JobCompletionReconciler struct {
 	SinkTimeout time.Duration
 	// Now is the clock (time.Now).
 	Now func() time.Time
+	// MaxConcurrentReconciles is how many records are worked on at once (1): calls to
+	// slow peers must not queue every other record behind them.
+	MaxConcurrentReconciles int
 }
 
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=jobcompletions,verbs=get;list;watch
@@ -252,5 +256,6 @@ func (r *JobCompletionReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(JobCompletionControllerName).
 		For(&hooksv1alpha1.JobCompletion{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
 		Complete(r)
 }

@@ -194,7 +194,7 @@ func (r *BillingProviderReconciler) compare(ctx context.Context, bp *hooksv1alph
 			case !ok:
 				if jobRouteExists(providers.Items, bs.Spec.WebhookProvider) {
 					p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancySettlementWithoutJob, Object: "BillingSettlement/" + bs.Name,
-						Action: hooksv1alpha1.RepairManualReview,
+						Action:  hooksv1alpha1.RepairManualReview,
 						Message: fmt.Sprintf("settlement for job %q has no JobCompletion", bs.Spec.JobID)})
 				}
 			case jc.Spec.Completion.State != hooksv1alpha1.JobSucceeded && bs.Status.State == hooksv1alpha1.SettlementSettled &&
@@ -233,14 +233,14 @@ func (r *BillingProviderReconciler) compare(ctx context.Context, bp *hooksv1alph
 		case hooksv1alpha1.EventComplete, hooksv1alpha1.EventIgnored:
 		case hooksv1alpha1.EventQuarantined:
 			p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyEventQuarantined, Object: "WebhookEvent/" + ev.Name,
-				Action: hooksv1alpha1.RepairManualReview,
+				Action:  hooksv1alpha1.RepairManualReview,
 				Message: fmt.Sprintf("event ID %q was reused with another payload; it had no effect", ev.Spec.EventID)})
 		default:
 			if now.Sub(ev.Spec.ReceivedAt.Time) < policy.eventStaleAfter {
 				continue
 			}
 			d := hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyEventNotComplete, Object: "WebhookEvent/" + ev.Name,
-				Action: hooksv1alpha1.RepairAutoRetry,
+				Action:  hooksv1alpha1.RepairAutoRetry,
 				Message: fmt.Sprintf("%s since %s", phaseOrNew(ev), ev.Spec.ReceivedAt.UTC().Format(time.RFC3339))}
 			if ev.Status.Phase == hooksv1alpha1.EventRequiresReconciliation {
 				d.Action = hooksv1alpha1.RepairManualReview
@@ -360,7 +360,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyProviderSettledLocalPending,
 					Object: "BillingSettlement/" + bs.Name, ProviderRef: rec.ID, Action: hooksv1alpha1.RepairAuthoritativeQuery,
 					CarriedOut: carried,
-					Message: fmt.Sprintf("the provider settled %s; locally %s: importing the provider's final status by key", rec.ID, orNew(bs.Status.State))})
+					Message:    fmt.Sprintf("the provider settled %s; locally %s: importing the provider's final status by key", rec.ID, orNew(bs.Status.State))})
 			case rec.Status == billing.StatusSettled:
 				r.markReconciled(ctx, bs, rec, now)
 			}

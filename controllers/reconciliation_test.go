@@ -158,7 +158,7 @@ var _ = Describe("reconciliation reports (DESIGN §7)", func() {
 		Eventually(func() int {
 			Expect(k8s.List(ctx, &l, client.InNamespace(ns))).To(Succeed())
 			return len(l.Items)
-		}).WithTimeout(20 * time.Second).Should(Equal(3), "older reports are pruned to keepReports")
+		}).WithTimeout(20*time.Second).Should(Equal(3), "older reports are pruned to keepReports")
 		for _, rr := range l.Items {
 			Expect(rr.Labels).To(HaveKeyWithValue(hooksv1alpha1.LabelBillingProvider, "billing"))
 		}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -38,6 +39,9 @@ type WebhookEventReconciler struct {
 	Recorder  recorder.EventRecorder
 	// Now is the clock (time.Now).
 	Now func() time.Time
+	// MaxConcurrentReconciles is how many records are worked on at once (1): calls to
+	// slow peers must not queue every other record behind them.
+	MaxConcurrentReconciles int
 }
 
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents,verbs=get;list;watch;delete
@@ -499,5 +503,6 @@ func (r *WebhookEventReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&hooksv1alpha1.WebhookEvent{}).
 		Watches(&hooksv1alpha1.JobCompletion{}, handler.EnqueueRequestsFromMapFunc(r.eventsOfChild)).
 		Watches(&hooksv1alpha1.BillingSettlement{}, handler.EnqueueRequestsFromMapFunc(r.eventsOfChild)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
 		Complete(r)
 }
