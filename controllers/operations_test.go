@@ -202,6 +202,10 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 			}
 			return ""
 		}).Should(Equal(hooksv1alpha1.OutcomeSuperseded))
+		// v1 reports other usage than v2 did: its settlement operation is superseded
+		// too (the charge follows the newest report), so the event still completes.
+		Eventually(eventPhase(ns, "msg_v1")).Should(Equal(hooksv1alpha1.EventComplete))
+		Expect(billing.Charges(key("job-ooo"))).To(Equal(1))
 		jc := jobOf(ns, "job-ooo")
 		Expect(jc.Spec.Completion.Version).To(Equal(int64(2)))
 		Expect(*jc.Status.AppliedVersion).To(Equal(int64(2)))

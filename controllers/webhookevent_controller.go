@@ -155,9 +155,16 @@ func (r *WebhookEventReconciler) dispatch(ctx context.Context, ev *hooksv1alpha1
 		errs = append(errs, err)
 		ops = append(ops, op)
 	}
+	superseded := map[string]bool{}
+	for _, op := range ops {
+		if op.Outcome == hooksv1alpha1.OutcomeSuperseded {
+			superseded[op.Key] = true
+		}
+	}
 	for i := range ev.Spec.Settlements {
 		f := &ev.Spec.Settlements[i]
-		op, err := r.settlement(ctx, ev, f, recorded[string(hooksv1alpha1.OperationBillingSettlement)+"/"+f.SettlementKey])
+		op, err := r.settlement(ctx, ev, f, recorded[string(hooksv1alpha1.OperationBillingSettlement)+"/"+f.SettlementKey],
+			f.JobID != "" && superseded[f.JobID])
 		errs = append(errs, err)
 		ops = append(ops, op)
 	}
@@ -273,8 +280,10 @@ func sameCompletion(a, b hooksv1alpha1.Completion) bool {
 	return equality.Semantic.DeepEqual(a, b)
 }
 
+// settlement creates or links the settlement of f. olderCompletion says this event's
+// completion of the same job was superseded by a newer one.
 func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alpha1.WebhookEvent,
-	f *hooksv1alpha1.SettlementFacts, prev hooksv1alpha1.OperationStatus) (hooksv1alpha1.OperationStatus, error) {
+	f *hooksv1alpha1.SettlementFacts, prev hooksv1alpha1.OperationStatus, olderCompletion bool) (hooksv1alpha1.OperationStatus, error) {
 	name := identity.SettlementName(ev.Spec.Provider, f.SettlementKey)
 	op := hooksv1alpha1.OperationStatus{Type: hooksv1alpha1.OperationBillingSettlement, Key: f.SettlementKey,
 		Child: name, Outcome: hooksv1alpha1.OutcomePending}
@@ -306,6 +315,11 @@ func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alph
 		return op, nil
 	}
 	switch {
+	case !sameCharge(bs.Spec, want.Spec) && olderCompletion:
+		// An older completion reports other usage than the newer one already charged:
+		// the charge follows the newest report, so this is superseded, not a conflict.
+		op.Outcome = hooksv1alpha1.OutcomeSuperseded
+		op.Message = fmt.Sprintf("from an older completion of job %q; the settlement follows the newer report", f.JobID)
 	case !sameCharge(bs.Spec, want.Spec):
 		op.Outcome = hooksv1alpha1.OutcomeConflict
 		op.Message = fmt.Sprintf("settlement key %q already exists with different content (from %s); nothing is charged for this event",

@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -112,33 +109,7 @@ var _ = AfterSuite(func() {
 	}
 })
 
-// signalAPIServer sends sig to this suite's kube-apiserver process. SIGSTOP freezes it
-// (requests hang, then time out: the hardest kind of outage for a client), SIGCONT
-// resumes it with its state, certificates and port intact.
-func signalAPIServer(sig syscall.Signal) error {
-	if env == nil || env.ControlPlane.APIServer == nil || env.ControlPlane.APIServer.SecureServing.Port == "" {
-		return fmt.Errorf("no API server")
-	}
-	port := env.ControlPlane.APIServer.SecureServing.Port
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
-		if !strings.HasSuffix(args[0], "kube-apiserver") {
-			continue
-		}
-		for _, a := range args {
-			if a == "--secure-port="+port {
-				pid, _ := strconv.Atoi(strings.Split(p, "/")[2])
-				return syscall.Kill(pid, sig)
-			}
-		}
-	}
-	return fmt.Errorf("kube-apiserver on port %s not found", port)
-}
+func signalAPIServer(sig syscall.Signal) error { return testenv.SignalAPIServer(env, sig) }
 
 var nsCounter atomic.Int64
 

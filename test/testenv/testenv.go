@@ -7,6 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
 
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -44,4 +47,41 @@ func New() (*envtest.Environment, error) {
 		ErrorIfCRDPathMissing: true,
 		Scheme:                Scheme(),
 	}, nil
+}
+
+// APIServerPID finds the process of env's kube-apiserver by its secure port, so a
+// suite can freeze (SIGSTOP), resume (SIGCONT) or restart it to test outages.
+func APIServerPID(env *envtest.Environment) (int, error) {
+	if env == nil || env.ControlPlane.APIServer == nil || env.ControlPlane.APIServer.SecureServing.Port == "" {
+		return 0, fmt.Errorf("the environment has no running API server")
+	}
+	port := env.ControlPlane.APIServer.SecureServing.Port
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if !strings.HasSuffix(args[0], "kube-apiserver") {
+			continue
+		}
+		for _, a := range args {
+			if a == "--secure-port="+port {
+				return strconv.Atoi(strings.Split(p, "/")[2])
+			}
+		}
+	}
+	return 0, fmt.Errorf("no kube-apiserver process serves port %s", port)
+}
+
+// SignalAPIServer sends sig to env's kube-apiserver. SIGSTOP freezes it (requests
+// hang, then time out: the hardest outage for a client); SIGCONT resumes it with its
+// state, certificates and port intact.
+func SignalAPIServer(env *envtest.Environment, sig syscall.Signal) error {
+	pid, err := APIServerPID(env)
+	if err != nil {
+		return err
+	}
+	return syscall.Kill(pid, sig)
 }
