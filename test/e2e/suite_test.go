@@ -1,0 +1,284 @@
+//go:build e2e
+
+// Package e2e runs the operator as real OS processes — two manager replicas with
+// leader election — against a local control plane, with the fake billing provider and
+// job sink, and checks the exactly-once invariants after every scenario.
+//
+//	make test-e2e            (E2E_SOAK=5m for the full soak; CI runs a short one)
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/test/fakebilling"
+	"github.com/settlement-operator/settlement-operator/test/fakejobsink"
+	"github.com/settlement-operator/settlement-operator/test/testenv"
+)
+
+const (
+	ns           = "e2e"
+	leaderNS     = "e2e-system"
+	billingToken = "e2e-billing-token"
+	swhSecret    = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+)
+
+var (
+	env        *envtest.Environment
+	k8s        client.Client
+	ctx        context.Context
+	cancel     context.CancelFunc
+	billing    *fakebilling.Server
+	sink       *fakejobsink.Server
+	workDir    string
+	managerBin string
+	kubeconfig string
+
+	replicasMu sync.Mutex
+	replicas   []*replica
+	restarted  *exec.Cmd // a kube-apiserver re-executed by the restart scenario
+)
+
+func TestE2E(t *testing.T) {
+	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(2 * time.Minute)
+	SetDefaultEventuallyPollingInterval(250 * time.Millisecond)
+	RunSpecs(t, "End-to-end suite (real processes)")
+}
+
+var _ = BeforeSuite(func() {
+	ctx, cancel = context.WithCancel(context.Background())
+	var err error
+	workDir, err = os.MkdirTemp("", "settlement-e2e-")
+	Expect(err).NotTo(HaveOccurred())
+
+	By("building the manager binary")
+	managerBin = filepath.Join(workDir, "manager")
+	build := exec.Command("go", "build", "-o", managerBin, "./cmd")
+	build.Dir = testenv.RepoRoot()
+	build.Stdout, build.Stderr = GinkgoWriter, GinkgoWriter
+	Expect(build.Run()).To(Succeed())
+
+	By("starting the control plane")
+	env, err = testenv.New()
+	Expect(err).NotTo(HaveOccurred())
+	cfg, err := env.Start()
+	Expect(err).NotTo(HaveOccurred())
+	k8s, err = client.New(cfg, client.Options{Scheme: env.Scheme})
+	Expect(err).NotTo(HaveOccurred())
+	admin, err := env.AddUser(envtest.User{Name: "e2e-operator", Groups: []string{"system:masters"}}, nil)
+	Expect(err).NotTo(HaveOccurred())
+	kc, err := admin.KubeConfig()
+	Expect(err).NotTo(HaveOccurred())
+	kubeconfig = filepath.Join(workDir, "kubeconfig")
+	Expect(os.WriteFile(kubeconfig, kc, 0o600)).To(Succeed())
+
+	By("starting the fake billing provider and job sink")
+	billing, err = fakebilling.Start(fakebilling.Options{Token: billingToken})
+	Expect(err).NotTo(HaveOccurred())
+	sink, err = fakejobsink.Start(fakejobsink.Options{})
+	Expect(err).NotTo(HaveOccurred())
+
+	By("configuring a tenant")
+	for _, n := range []string{ns, leaderNS} {
+		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}})).To(Succeed())
+	}
+	Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing-token"},
+		StringData: map[string]string{"token": billingToken}})).To(Succeed())
+	Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-secret"},
+		StringData: map[string]string{"key": swhSecret}})).To(Succeed())
+	dur := func(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
+	Expect(k8s.Create(ctx, &hooksv1alpha1.BillingProvider{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing"},
+		Spec: hooksv1alpha1.BillingProviderSpec{
+			Endpoint: billing.URL(), AllowInsecureHTTP: true, RequestTimeout: dur(2 * time.Second),
+			CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "billing-token", Key: "token"},
+			Retry: &hooksv1alpha1.RetryPolicy{MaxAttempts: 200, MaxElapsed: dur(10 * time.Minute),
+				InitialBackoff: dur(200 * time.Millisecond), MaxBackoff: dur(2 * time.Second)},
+			Reconciliation: &hooksv1alpha1.ReconciliationPolicy{Interval: dur(20 * time.Second), StuckAfter: dur(time.Minute),
+				EventStaleAfter: dur(2 * time.Minute), KeepReports: 5},
+		},
+	})).To(Succeed())
+	Expect(k8s.Create(ctx, &hooksv1alpha1.WebhookProvider{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference"},
+		Spec: hooksv1alpha1.WebhookProviderSpec{
+			Signature: hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeStandardWebhooks,
+				SecretRef: hooksv1alpha1.SecretReference{Name: "inference-secret"}},
+			EventID:   hooksv1alpha1.EventIDSource{Header: "webhook-id"},
+			EventType: hooksv1alpha1.FieldSource{JSONPath: ".type"},
+			Routes: []hooksv1alpha1.Route{{EventType: "job.completed", Operations: []hooksv1alpha1.RouteOperation{
+				{Type: hooksv1alpha1.OperationJobCompletion, JobCompletion: &hooksv1alpha1.JobCompletionMapping{
+					JobID: ".data.job_id", CompletionVersion: ".data.version", State: ".data.state",
+					Sink: &hooksv1alpha1.JobSink{Type: hooksv1alpha1.JobSinkHTTP, URL: sink.URL()}}},
+				{Type: hooksv1alpha1.OperationBillingSettlement, Settlement: &hooksv1alpha1.SettlementMapping{
+					BillingProviderRef: "billing", JobID: ".data.job_id", Customer: ".data.customer",
+					Usage: &hooksv1alpha1.UsageMapping{Quantity: ".data.tokens", Meter: "tokens", Unit: "tokens"}}},
+			}}},
+		},
+	})).To(Succeed())
+
+	By("starting two manager replicas with leader election")
+	startReplica()
+	startReplica()
+	Eventually(leader).ShouldNot(BeNil())
+})
+
+var _ = AfterSuite(func() {
+	replicasMu.Lock()
+	for _, r := range replicas {
+		r.kill()
+	}
+	replicasMu.Unlock()
+	if restarted != nil && restarted.Process != nil {
+		_ = restarted.Process.Kill()
+		_, _ = restarted.Process.Wait()
+	}
+	if billing != nil {
+		_ = billing.Close()
+	}
+	if sink != nil {
+		_ = sink.Close()
+	}
+	if cancel != nil {
+		cancel()
+	}
+	if env != nil {
+		_ = testenv.SignalAPIServer(env, syscall.SIGCONT)
+		Expect(env.Stop()).To(Succeed())
+	}
+	if workDir != "" {
+		_ = os.RemoveAll(workDir)
+	}
+})
+
+// replica is one manager OS process.
+type replica struct {
+	name        string
+	cmd         *exec.Cmd
+	receiverURL string
+	metricsURL  string
+	done        chan struct{}
+}
+
+func freePort() string {
+	GinkgoHelper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	Expect(err).NotTo(HaveOccurred())
+	defer l.Close()
+	return l.Addr().String()
+}
+
+var replicaCount int
+
+func startReplica() *replica {
+	GinkgoHelper()
+	replicasMu.Lock()
+	defer replicasMu.Unlock()
+	replicaCount++
+	recvAddr, metricsAddr, probeAddr := freePort(), freePort(), freePort()
+	r := &replica{name: fmt.Sprintf("manager-%d", replicaCount), receiverURL: "http://" + recvAddr,
+		metricsURL: "http://" + metricsAddr + "/metrics", done: make(chan struct{})}
+	r.cmd = exec.Command(managerBin, "--kubeconfig", kubeconfig, "--leader-elect", "--leader-election-namespace", leaderNS,
+		"--receiver-bind-address", recvAddr, "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", probeAddr,
+		"--max-concurrent-reconciles", "4")
+	logFile, err := os.Create(filepath.Join(workDir, r.name+".log"))
+	Expect(err).NotTo(HaveOccurred())
+	r.cmd.Stdout, r.cmd.Stderr = logFile, logFile
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	Expect(r.cmd.Start()).To(Succeed())
+	go func() {
+		_ = r.cmd.Wait()
+		_ = logFile.Close()
+		close(r.done)
+	}()
+	replicas = append(replicas, r)
+	Eventually(func() error {
+		resp, err := http.Get("http://" + probeAddr + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("readyz %d", resp.StatusCode)
+		}
+		return nil
+	}).WithTimeout(time.Minute).Should(Succeed(), "replica %s ready (log: %s)", r.name, logFile.Name())
+	return r
+}
+
+// kill ends the replica with SIGKILL: no graceful shutdown, no lease release.
+func (r *replica) kill() {
+	if r.cmd.Process != nil {
+		_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
+	}
+	<-r.done
+}
+
+func (r *replica) alive() bool {
+	select {
+	case <-r.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// isLeader reads the replica's leader-election gauge from its metrics endpoint.
+func (r *replica) isLeader() bool {
+	resp, err := http.Get(r.metricsURL)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "leader_election_master_status") && strings.HasSuffix(line, " 1") {
+			return true
+		}
+	}
+	return false
+}
+
+func leader() *replica {
+	replicasMu.Lock()
+	defer replicasMu.Unlock()
+	for _, r := range replicas {
+		if r.alive() && r.isLeader() {
+			return r
+		}
+	}
+	return nil
+}
+
+func liveReplicas() []*replica {
+	replicasMu.Lock()
+	defer replicasMu.Unlock()
+	var out []*replica
+	for _, r := range replicas {
+		if r.alive() {
+			out = append(out, r)
+		}
+	}
+	return out
+}
