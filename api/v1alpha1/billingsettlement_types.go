@@ -277,6 +277,7 @@ type BillingSettlementStatus struct {
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
 // +kubebuilder:printcolumn:name="Attempts",type=integer,JSONPath=`.status.attempts`
 // +kubebuilder:printcolumn:name="Provider-Ref",type=string,JSONPath=`.status.providerRef`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,description="Why it is in its state (the Ready condition's reason)"
 // +kubebuilder:printcolumn:name="Key",type=string,JSONPath=`.spec.settlementKey`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type BillingSettlement struct {

@@ -411,6 +411,8 @@ var _ = Describe("what an operator sees", func() {
 		Expect(k8s.Create(ctx, bs)).To(Succeed())
 		bs.Status = hooksv1alpha1.BillingSettlementStatus{
 			State: hooksv1alpha1.SettlementSettled, Attempts: 3, ProviderRef: "pay_77",
+			Conditions: []metav1.Condition{{Type: hooksv1alpha1.ConditionReady, Status: metav1.ConditionTrue,
+				Reason: hooksv1alpha1.ReasonProviderSettled, Message: "settled", LastTransitionTime: metav1.Now()}},
 		}
 		Expect(k8s.Status().Update(ctx, bs)).To(Succeed())
 
@@ -419,10 +421,10 @@ var _ = Describe("what an operator sees", func() {
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		Expect(lines).To(HaveLen(2), out)
 		Expect(strings.Fields(lines[0])).To(Equal([]string{
-			"NAME", "CUSTOMER", "TYPE", "AMOUNT", "CURRENCY", "USAGE", "STATE", "ATTEMPTS", "PROVIDER-REF", "AGE",
+			"NAME", "CUSTOMER", "TYPE", "AMOUNT", "CURRENCY", "USAGE", "STATE", "ATTEMPTS", "PROVIDER-REF", "REASON", "AGE",
 		}))
 		row := strings.Fields(lines[1])
-		Expect(row[:9]).To(Equal([]string{"visible", "cus_42", "Charge", "1250", "USD", "1523", "Settled", "3", "pay_77"}))
+		Expect(row[:10]).To(Equal([]string{"visible", "cus_42", "Charge", "1250", "USD", "1523", "Settled", "3", "pay_77", "ProviderSettled"}))
 
 		// The short name and the category reach the same objects.
 		out, errOut, err = runKubectl("get", "bs", "-n", ns, "-o", "name")
