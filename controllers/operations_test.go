@@ -16,15 +16,13 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/signature"
+	"github.com/settlement-operator/settlement-operator/test/fixtures"
 	"github.com/settlement-operator/settlement-operator/test/sender"
 )
 
-const swhSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+const swhSecret = fixtures.StandardWebhooksSecret
 
-func jobEvent(jobID string, version int, tokens int) string {
-	return fmt.Sprintf(`{"type":"job.completed","data":{"job_id":%q,"version":%d,"state":"succeeded","customer":"cus_%s","tokens":%d}}`,
-		jobID, version, jobID, tokens)
-}
+var jobEvent = fixtures.JobCompletedEvent
 
 func send(ns, id, body string) sender.Response {
 	GinkgoHelper()

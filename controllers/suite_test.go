@@ -26,6 +26,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/receiver"
 	"github.com/settlement-operator/settlement-operator/test/fakebilling"
 	"github.com/settlement-operator/settlement-operator/test/fakejobsink"
+	"github.com/settlement-operator/settlement-operator/test/fixtures"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
 
@@ -150,42 +151,12 @@ func newTenant(mutate ...func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.Web
 	GinkgoHelper()
 	ns := fmt.Sprintf("ops-%d", nsCounter.Add(1))
 	Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
-	Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing-token"},
-		StringData: map[string]string{"token": billingToken}})).To(Succeed())
-	Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-secret"},
-		StringData: map[string]string{"key": swhSecret}})).To(Succeed())
-	d := func(s string) *metav1.Duration {
-		v, err := time.ParseDuration(s)
-		Expect(err).NotTo(HaveOccurred())
-		return &metav1.Duration{Duration: v}
+	for _, sec := range fixtures.Secrets(ns, billingToken) {
+		Expect(k8s.Create(ctx, sec)).To(Succeed())
 	}
-	bp := &hooksv1alpha1.BillingProvider{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing"},
-		Spec: hooksv1alpha1.BillingProviderSpec{
-			Endpoint: billing.URL(), AllowInsecureHTTP: true,
-			CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "billing-token", Key: "token"},
-			RequestTimeout:       d("1s"),
-			Retry: &hooksv1alpha1.RetryPolicy{MaxAttempts: 50, MaxElapsed: d("2m"),
-				InitialBackoff: d("100ms"), MaxBackoff: d("500ms")},
-		},
-	}
-	wp := &hooksv1alpha1.WebhookProvider{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference"},
-		Spec: hooksv1alpha1.WebhookProviderSpec{
-			Signature: hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeStandardWebhooks,
-				SecretRef: hooksv1alpha1.SecretReference{Name: "inference-secret"}},
-			EventID:   hooksv1alpha1.EventIDSource{Header: "webhook-id"},
-			EventType: hooksv1alpha1.FieldSource{JSONPath: ".type"},
-			Routes: []hooksv1alpha1.Route{{EventType: "job.completed", Operations: []hooksv1alpha1.RouteOperation{
-				{Type: hooksv1alpha1.OperationJobCompletion, JobCompletion: &hooksv1alpha1.JobCompletionMapping{
-					JobID: ".data.job_id", CompletionVersion: ".data.version", State: ".data.state",
-					Usage: &hooksv1alpha1.UsageMapping{Quantity: ".data.tokens", Meter: "tokens", Unit: "tokens"}}},
-				{Type: hooksv1alpha1.OperationBillingSettlement, Settlement: &hooksv1alpha1.SettlementMapping{
-					BillingProviderRef: "billing", JobID: ".data.job_id", Customer: ".data.customer",
-					Usage: &hooksv1alpha1.UsageMapping{Quantity: ".data.tokens", Meter: "tokens", Unit: "tokens"}}},
-			}}},
-		},
-	}
+	bp := fixtures.BillingProvider(ns, billing.URL())
+	bp.Spec.RequestTimeout = fixtures.Duration(time.Second)
+	wp := fixtures.WebhookProvider(ns)
 	for _, m := range mutate {
 		m(bp, wp)
 	}

@@ -19,13 +19,11 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/signature"
+	"github.com/settlement-operator/settlement-operator/test/fixtures"
 	"github.com/settlement-operator/settlement-operator/test/sender"
 )
 
-func jobEvent(jobID string, version, tokens int) string {
-	return fmt.Sprintf(`{"type":"job.completed","data":{"job_id":%q,"version":%d,"state":"succeeded","customer":"cus_%s","tokens":%d}}`,
-		jobID, version, jobID, tokens)
-}
+var jobEvent = fixtures.JobCompletedEvent
 
 // run records what senders saw and which events the operator acknowledged.
 type run struct {

@@ -22,6 +22,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/test/fixtures"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
 
@@ -101,24 +102,22 @@ var _ = Describe("the failure matrix on real processes (DESIGN §9)", Ordered, f
 	})
 
 	It("dead-letters when the provider is down past maxElapsed; a replay settles with the same key", func() {
-		dur := func(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
-		Expect(k8s.Create(ctx, &hooksv1alpha1.BillingProvider{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing-short"},
-			Spec: hooksv1alpha1.BillingProviderSpec{Endpoint: billing.URL(), AllowInsecureHTTP: true,
-				CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "billing-token"},
-				Retry: &hooksv1alpha1.RetryPolicy{MaxAttempts: 100, MaxElapsed: dur(3 * time.Second),
-					InitialBackoff: dur(200 * time.Millisecond), MaxBackoff: dur(time.Second)}},
-		})).To(Succeed())
+		short := fixtures.BillingProvider(ns, billing.URL())
+		short.Name = "billing-short"
+		short.Spec.Retry.MaxElapsed = fixtures.Duration(3 * time.Second)
+		Expect(k8s.Create(ctx, short)).To(Succeed())
 		wp := &hooksv1alpha1.WebhookProvider{}
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "inference"}, wp)).To(Succeed())
-		short := &hooksv1alpha1.WebhookProvider{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "short"}, Spec: *wp.Spec.DeepCopy()}
-		short.Spec.Routes[0].Operations[1].Settlement.BillingProviderRef = "billing-short"
-		Expect(k8s.Create(ctx, short)).To(Succeed())
+		shortWP := &hooksv1alpha1.WebhookProvider{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "short"}, Spec: *wp.Spec.DeepCopy()}
+		shortWP.Spec.Routes[0].Operations[1].Settlement.BillingProviderRef = "billing-short"
+		Expect(k8s.Create(ctx, shortWP)).To(Succeed())
 
 		r := newRun()
 		r.provider = "short"
 		Expect(billing.SetDown(true)).To(Succeed())
-		Expect(r.deliver("msg_dl", "dl-1", 1, jobEvent("dl-1", 1, 3), time.Minute)).To(Equal(http.StatusOK))
+		// The replicas' caches learn of the new provider within moments (404 until then).
+		Eventually(func() int { return r.deliver("msg_dl", "dl-1", 1, jobEvent("dl-1", 1, 3), time.Minute) }).
+			Should(Equal(http.StatusOK))
 		name := identity.SettlementName("short", identity.DefaultSettlementKey("short", "dl-1"))
 		bs := &hooksv1alpha1.BillingSettlement{}
 		Eventually(func() hooksv1alpha1.SettlementState {

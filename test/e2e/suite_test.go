@@ -32,6 +32,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/test/fakebilling"
 	"github.com/settlement-operator/settlement-operator/test/fakejobsink"
+	"github.com/settlement-operator/settlement-operator/test/fixtures"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
 
@@ -39,7 +40,7 @@ const (
 	ns           = "e2e"
 	leaderNS     = "e2e-system"
 	billingToken = "e2e-billing-token"
-	swhSecret    = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	swhSecret    = fixtures.StandardWebhooksSecret
 )
 
 var (
@@ -102,39 +103,18 @@ var _ = BeforeSuite(func() {
 	for _, n := range []string{ns, leaderNS} {
 		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}})).To(Succeed())
 	}
-	Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing-token"},
-		StringData: map[string]string{"token": billingToken}})).To(Succeed())
-	Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-secret"},
-		StringData: map[string]string{"key": swhSecret}})).To(Succeed())
-	dur := func(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
-	Expect(k8s.Create(ctx, &hooksv1alpha1.BillingProvider{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing"},
-		Spec: hooksv1alpha1.BillingProviderSpec{
-			Endpoint: billing.URL(), AllowInsecureHTTP: true, RequestTimeout: dur(2 * time.Second),
-			CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "billing-token", Key: "token"},
-			Retry: &hooksv1alpha1.RetryPolicy{MaxAttempts: 200, MaxElapsed: dur(10 * time.Minute),
-				InitialBackoff: dur(200 * time.Millisecond), MaxBackoff: dur(2 * time.Second)},
-			Reconciliation: &hooksv1alpha1.ReconciliationPolicy{Interval: dur(20 * time.Second), StuckAfter: dur(time.Minute),
-				EventStaleAfter: dur(2 * time.Minute), KeepReports: 5},
-		},
-	})).To(Succeed())
-	Expect(k8s.Create(ctx, &hooksv1alpha1.WebhookProvider{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference"},
-		Spec: hooksv1alpha1.WebhookProviderSpec{
-			Signature: hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeStandardWebhooks,
-				SecretRef: hooksv1alpha1.SecretReference{Name: "inference-secret"}},
-			EventID:   hooksv1alpha1.EventIDSource{Header: "webhook-id"},
-			EventType: hooksv1alpha1.FieldSource{JSONPath: ".type"},
-			Routes: []hooksv1alpha1.Route{{EventType: "job.completed", Operations: []hooksv1alpha1.RouteOperation{
-				{Type: hooksv1alpha1.OperationJobCompletion, JobCompletion: &hooksv1alpha1.JobCompletionMapping{
-					JobID: ".data.job_id", CompletionVersion: ".data.version", State: ".data.state",
-					Sink: &hooksv1alpha1.JobSink{Type: hooksv1alpha1.JobSinkHTTP, URL: sink.URL()}}},
-				{Type: hooksv1alpha1.OperationBillingSettlement, Settlement: &hooksv1alpha1.SettlementMapping{
-					BillingProviderRef: "billing", JobID: ".data.job_id", Customer: ".data.customer",
-					Usage: &hooksv1alpha1.UsageMapping{Quantity: ".data.tokens", Meter: "tokens", Unit: "tokens"}}},
-			}}},
-		},
-	})).To(Succeed())
+	for _, sec := range fixtures.Secrets(ns, billingToken) {
+		Expect(k8s.Create(ctx, sec)).To(Succeed())
+	}
+	bp := fixtures.BillingProvider(ns, billing.URL())
+	bp.Spec.Retry = &hooksv1alpha1.RetryPolicy{MaxAttempts: 200, MaxElapsed: fixtures.Duration(10 * time.Minute),
+		InitialBackoff: fixtures.Duration(200 * time.Millisecond), MaxBackoff: fixtures.Duration(2 * time.Second)}
+	bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{Interval: fixtures.Duration(20 * time.Second),
+		StuckAfter: fixtures.Duration(time.Minute), EventStaleAfter: fixtures.Duration(2 * time.Minute), KeepReports: 5}
+	Expect(k8s.Create(ctx, bp)).To(Succeed())
+	wp := fixtures.WebhookProvider(ns)
+	wp.Spec.Routes[0].Operations[0].JobCompletion.Sink = &hooksv1alpha1.JobSink{Type: hooksv1alpha1.JobSinkHTTP, URL: sink.URL()}
+	Expect(k8s.Create(ctx, wp)).To(Succeed())
 
 	By("starting two manager replicas with leader election")
 	startReplica()
