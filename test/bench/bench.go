@@ -1,0 +1,345 @@
+// Package bench measures the operator's capacity against one local control plane
+// (envtest's etcd and kube-apiserver), in one run, and reports every headline both as
+// an absolute number and as a ratio to a baseline taken in the same run — a shared
+// two-core machine moves absolute numbers, not the ratios:
+//
+//  1. the API server's raw create rate of a minimal custom resource (the ceiling of a
+//     design whose ack is one create) against the receiver's accepted events/s;
+//  2. duplicate deliveries/s (answered from the cache, no write) against accepted/s;
+//  3. request→Settled latency (p50/p99) under open-loop load at fractions of that
+//     ceiling, with the manager binary running as its own process and the fake
+//     billing provider in this one;
+//  4. API-server writes and etcd bytes per event;
+//  5. the manager's resident memory with 1k, 10k and 50k retained events.
+//
+// `make bench` runs it (test/bench/cmd) and writes bench/results.json. Nothing here
+// asserts a time: it measures and reports.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/test/fakebilling"
+	"github.com/settlement-operator/settlement-operator/test/testenv"
+)
+
+// Config is one run's parameters; zero values take the defaults in parentheses.
+type Config struct {
+	// ManagerBinary is the manager to run; built from ./cmd into WorkDir when empty.
+	ManagerBinary string
+	// ManagerArgs are extra flags for the manager (e.g. --max-concurrent-reconciles=8).
+	ManagerArgs []string
+	// WorkDir holds the kubeconfig, the binary and the manager's log (a temporary
+	// directory, removed after a successful run).
+	WorkDir string
+	// Senders is the number of concurrent clients of items 1-2 (16).
+	Senders int
+	// Rounds × PerRound events are created raw, delivered and redelivered (3 × 400).
+	Rounds, PerRound int
+	// LoadFractions are the open-loop levels as fractions of the raw create rate
+	// (0.25, 0.5, 0.9).
+	LoadFractions []float64
+	// LevelDuration is how long each level sends (1s), at most MaxEventsPerLevel
+	// events (2500); SettleTimeout bounds the wait for a level to settle (150s).
+	LevelDuration     time.Duration
+	MaxEventsPerLevel int
+	SettleTimeout     time.Duration
+	// UnderCapacityLevel adds a level at half the pipeline throughput measured by the
+	// others, to show the latency of an operator that keeps up (true).
+	UnderCapacityLevel *bool
+	// Retained are the cumulative numbers of retained events at which the manager's
+	// RSS is read (1000, 10000, 50000).
+	Retained []int
+	// DuplicatesPerEvent is how many times each event of a round is redelivered (5):
+	// duplicates are answered so fast that one redelivery each is too short to time.
+	DuplicatesPerEvent int
+	// ReceiverMaxInFlight is the in-process receiver's bound in items 1-2 (64, the
+	// manager's default).
+	ReceiverMaxInFlight int
+	// Budget is the run's wall-time target (5m45s): memory levels that would overrun
+	// it are extrapolated instead of measured.
+	Budget time.Duration
+	// Progress receives one line per step (os.Stderr).
+	Progress io.Writer
+}
+
+func (c *Config) defaults() {
+	set := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	set(&c.Senders, 16)
+	set(&c.Rounds, 3)
+	set(&c.PerRound, 400)
+	set(&c.MaxEventsPerLevel, 2500)
+	set(&c.ReceiverMaxInFlight, 64)
+	set(&c.DuplicatesPerEvent, 5)
+	if c.Budget == 0 {
+		c.Budget = 5*time.Minute + 45*time.Second
+	}
+	if len(c.LoadFractions) == 0 {
+		c.LoadFractions = []float64{0.25, 0.5, 0.9}
+	}
+	if c.LevelDuration == 0 {
+		c.LevelDuration = time.Second
+	}
+	if c.SettleTimeout == 0 {
+		c.SettleTimeout = 150 * time.Second
+	}
+	if c.UnderCapacityLevel == nil {
+		t := true
+		c.UnderCapacityLevel = &t
+	}
+	if len(c.Retained) == 0 {
+		c.Retained = []int{1000, 10000, 50000}
+	}
+	if c.Progress == nil {
+		c.Progress = os.Stderr
+	}
+}
+
+// run is one benchmark run's shared state.
+type run struct {
+	cfg          Config
+	res          *Results
+	env          *envtest.Environment
+	restCfg      *rest.Config
+	k            client.Client
+	probe        *probe
+	dir          string
+	rawCreateP50 float64
+	start        time.Time
+}
+
+func (b *run) logf(format string, args ...any) {
+	fmt.Fprintf(b.cfg.Progress, "bench %5.1fs: %s\n", time.Since(b.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// Run starts a control plane, runs every phase against it and returns the results.
+// The control plane, the manager process and the fake billing provider are stopped
+// before it returns.
+func Run(ctx context.Context, cfg Config) (res *Results, err error) {
+	cfg.defaults()
+	b := &run{cfg: cfg, start: time.Now(), res: &Results{Schema: 1, StartedAt: time.Now(), Machine: machine(),
+		Settings: Settings{Senders: cfg.Senders, Rounds: cfg.Rounds, EventsPerRound: cfg.PerRound,
+			LoadFractions: cfg.LoadFractions, LevelSeconds: cfg.LevelDuration.Seconds(),
+			MaxEventsPerLevel: cfg.MaxEventsPerLevel, RetainedLevels: cfg.Retained,
+			DuplicatesPerEvent: cfg.DuplicatesPerEvent, ReceiverMaxInFlight: cfg.ReceiverMaxInFlight,
+			BudgetSeconds: cfg.Budget.Seconds()}}}
+	b.dir = cfg.WorkDir
+	if b.dir == "" {
+		if b.dir, err = os.MkdirTemp("", "settlement-bench-"); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err == nil {
+				_ = os.RemoveAll(b.dir)
+			} else {
+				err = fmt.Errorf("%w (manager log and kubeconfig kept in %s)", err, b.dir)
+			}
+		}()
+	}
+
+	bin := cfg.ManagerBinary
+	if bin == "" {
+		b.logf("building the manager (go build ./cmd)")
+		if bin, err = buildManager(ctx, b.dir); err != nil {
+			return nil, err
+		}
+	}
+
+	b.logf("starting the control plane (etcd + kube-apiserver, periodic compaction off)")
+	if b.env, err = testenv.New(); err != nil {
+		return nil, err
+	}
+	// History is kept for the whole run, so etcd's growth over a window is every
+	// revision the window wrote (the capacity model adds compaction back).
+	b.env.ControlPlane.GetAPIServer().Configure().Set("etcd-compaction-interval", "0")
+	admin, err := b.env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("start the control plane: %w", err)
+	}
+	defer func() { _ = b.env.Stop() }()
+	b.restCfg = unlimited(admin)
+	if b.k, err = client.New(b.restCfg, client.Options{Scheme: testenv.Scheme()}); err != nil {
+		return nil, err
+	}
+	if b.probe, err = newProbe(b.restCfg, b.env.ControlPlane.Etcd.URL); err != nil {
+		return nil, err
+	}
+	if dc, err := discovery.NewDiscoveryClientForConfig(b.restCfg); err == nil {
+		if v, err := dc.ServerVersion(); err == nil {
+			b.res.Machine.KubernetesVersion = v.GitVersion
+		}
+	}
+	b.res.Machine.EtcdVersion = b.probe.etcdVersion(ctx)
+	b.res.Settings.Revision, b.res.Settings.ManagerArgs = revision(ctx), cfg.ManagerArgs
+
+	b.logf("items 1-2: raw creates vs receiver (accepted, duplicate), %d senders", cfg.Senders)
+	if err := b.ingest(ctx); err != nil {
+		return nil, fmt.Errorf("ingestion: %w", err)
+	}
+	in := b.res.Ingestion
+	b.logf("raw %.0f/s, accepted %.0f/s (%.2f), duplicate %.0f/s (%.2f of accepted)", in.RawCreatesPerSecond,
+		in.AcceptedPerSecond, in.AcceptedToRaw, in.DuplicatesPerSecond, in.DuplicateToAccepted)
+
+	billing, err := fakebilling.Start(fakebilling.Options{Token: billingToken})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = billing.Close() }()
+	b.logf("starting the manager process")
+	op, err := startOperator(ctx, b.env, bin, b.dir, cfg.ManagerArgs)
+	if err != nil {
+		return nil, err
+	}
+	defer op.stop()
+	if b.res.Memory.StartRSSBytes, _, err = rss(op.Pid()); err != nil {
+		return nil, err
+	}
+	if err := b.latency(ctx, op, billing.URL()); err != nil {
+		return nil, fmt.Errorf("latency: %w", err)
+	}
+	if err := b.memory(ctx, op); err != nil {
+		return nil, fmt.Errorf("memory: %w", err)
+	}
+	b.res.Machine.LoadAverageEnd = loadAverage()
+	b.res.DurationSeconds = round(time.Since(b.start).Seconds(), 1)
+	return b.res, nil
+}
+
+// latency runs item 3 and, over the same events, item 4.
+func (b *run) latency(ctx context.Context, op *operator, billingURL string) error {
+	if err := tenant(ctx, b.k, latencyNamespace, billingURL); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, 60*time.Second, "the WebhookProvider to be Ready", func() (bool, error) {
+		if err := op.exited(); err != nil {
+			return false, err
+		}
+		var p hooksv1alpha1.WebhookProvider
+		if err := b.k.Get(ctx, client.ObjectKey{Namespace: latencyNamespace, Name: providerName}, &p); err != nil {
+			return false, err
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == hooksv1alpha1.ConditionReady && c.Status == "True" {
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		return err
+	}
+	t := newTracker()
+	stopWatch, err := b.watch(ctx, t)
+	if err != nil {
+		return err
+	}
+	defer stopWatch()
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024}, Timeout: time.Minute}
+	url := endpoint(op.ReceiverURL, latencyNamespace)
+
+	w0, err := b.probe.writes(ctx)
+	if err != nil {
+		return err
+	}
+	e0, err := b.probe.etcdStats(ctx)
+	if err != nil {
+		return err
+	}
+	events := 0
+	// Warm-up (not reported): connections, caches, the billing client.
+	warm := b.openLoop(ctx, t, hc, url, "warm", 20, 40)
+	events += len(warm.deliveries)
+	if n := t.waitAll(ctx, warm.deliveries, time.Minute); n > 0 {
+		return fmt.Errorf("%d warm-up events did not settle within a minute; see %s", n, op.LogPath)
+	}
+
+	ceiling := b.res.Ingestion.RawCreatesPerSecond
+	b.res.Latency.CeilingPerSecond = ceiling
+	level := func(name, prefix string, fraction, rate float64, duration time.Duration) error {
+		n := max(1, min(b.cfg.MaxEventsPerLevel, int(rate*duration.Seconds())))
+		b.logf("item 3, level %s: %d events at %.0f/s, open loop", name, n, rate)
+		lr := b.openLoop(ctx, t, hc, url, prefix, rate, n)
+		events += n
+		unsettled := t.waitAll(ctx, lr.deliveries, b.cfg.SettleTimeout)
+		lv := LoadLevel{Name: name, FractionOfCeiling: round(fraction, 3), TargetPerSecond: round(rate, 1)}
+		b.summarize(t, &lv, lr)
+		if e, ok := lr.firstError.Load().(string); ok {
+			b.res.Notes = append(b.res.Notes, fmt.Sprintf("level %s: first delivery error: %s", name, e))
+		}
+		if unsettled > 0 {
+			b.res.Notes = append(b.res.Notes, fmt.Sprintf("level %s: %d events were not settled and complete after %s",
+				name, unsettled, b.cfg.SettleTimeout))
+		}
+		b.res.Latency.Levels = append(b.res.Latency.Levels, lv)
+		b.logf("level %s: settled p50 %.0f ms, p99 %.0f ms, %.1f settled/s, %d unsettled, 429/503 %d/%d",
+			name, lv.Settled.P50, lv.Settled.P99, lv.SettledPerSecond, lv.Unsettled, lv.Retried429, lv.Retried503)
+		if err := op.exited(); err != nil {
+			return err
+		}
+		return nil
+	}
+	for _, f := range b.cfg.LoadFractions {
+		if err := level(fmt.Sprintf("%.0f%% of ceiling", f*100), fmt.Sprintf("p%03.0f", f*100), f, f*ceiling, b.cfg.LevelDuration); err != nil {
+			return err
+		}
+	}
+	best := 0.0
+	for _, lv := range b.res.Latency.Levels {
+		best = max(best, lv.SettledPerSecond)
+	}
+	if *b.cfg.UnderCapacityLevel && best > 0 {
+		// Longer than the others: few events per second, and its p99 needs a sample.
+		if err := level("50% of pipeline", "u050", best/2/ceiling, best/2, max(b.cfg.LevelDuration, 10*time.Second)); err != nil {
+			return err
+		}
+	}
+	b.res.Latency.PipelineSettledPerSecond = best
+	b.res.Latency.PipelineToCeiling = ratio(best, ceiling)
+
+	b.logf("item 4: waiting for the pipeline to go quiet, then counting writes and bytes")
+	if err := b.cost(ctx, op, w0, e0, events); err != nil {
+		return err
+	}
+	if w := b.res.Cost.WritesPerEvent; w > 0 {
+		b.res.Latency.WriteBoundPerSecond = round(ceiling/w, 1)
+		b.res.Latency.PipelineToWriteBound = ratio(best, ceiling/w)
+	}
+	return nil
+}
+
+// waitFor polls cond every 100ms until it is true, returns an error, or timeout
+// passes.
+func waitFor(ctx context.Context, timeout time.Duration, what string, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := cond()
+		if err != nil {
+			return fmt.Errorf("waiting for %s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for %s", timeout, what)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
