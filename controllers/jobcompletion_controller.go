@@ -166,11 +166,11 @@ func (r *JobCompletionReconciler) untilNextAttempt(st *hooksv1alpha1.JobCompleti
 
 func (r *JobCompletionReconciler) applied(jc *hooksv1alpha1.JobCompletion, v int64) {
 	st := &jc.Status
+	// No Kubernetes Event for the happy path: it would be one more API write per job
+	// and says nothing the Applied condition does not.
 	if st.State != hooksv1alpha1.JobCompletionApplied {
 		now := metav1.NewTime(r.now())
 		st.AppliedAt = &now
-		r.Recorder.Eventf(jc, nil, "Normal", hooksv1alpha1.ReasonVersionApplied, "Apply",
-			"version %d (%s) applied", v, jc.Spec.Completion.State)
 	}
 	st.State, st.AppliedVersion, st.LastError, st.NextAttemptAt, st.DeferredSince =
 		hooksv1alpha1.JobCompletionApplied, &v, "", nil, nil

@@ -49,8 +49,8 @@ func init() {
 }
 
 // ObjectsCollector reports how many objects of each kind are in each state, counted
-// from the informer cache at scrape time (no API call), so capacity and backlogs can
-// be watched: settlement_objects{kind,state}.
+// from the informer cache at scrape time (no API call, no deep copies: it only reads
+// a field), so capacity and backlogs can be watched: settlement_objects{kind,state}.
 type ObjectsCollector struct {
 	Reader client.Reader
 	desc   *prometheus.Desc
@@ -78,7 +78,7 @@ func (c *ObjectsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	var events hooksv1alpha1.WebhookEventList
-	if c.Reader.List(ctx, &events) == nil {
+	if c.Reader.List(ctx, &events, client.UnsafeDisableDeepCopy) == nil {
 		counts := map[string]int{}
 		for i := range events.Items {
 			counts[string(events.Items[i].Status.Phase)]++
@@ -86,7 +86,7 @@ func (c *ObjectsCollector) Collect(ch chan<- prometheus.Metric) {
 		emit("WebhookEvent", counts)
 	}
 	var jobs hooksv1alpha1.JobCompletionList
-	if c.Reader.List(ctx, &jobs) == nil {
+	if c.Reader.List(ctx, &jobs, client.UnsafeDisableDeepCopy) == nil {
 		counts := map[string]int{}
 		for i := range jobs.Items {
 			counts[string(jobs.Items[i].Status.State)]++
@@ -94,7 +94,7 @@ func (c *ObjectsCollector) Collect(ch chan<- prometheus.Metric) {
 		emit("JobCompletion", counts)
 	}
 	var stls hooksv1alpha1.BillingSettlementList
-	if c.Reader.List(ctx, &stls) == nil {
+	if c.Reader.List(ctx, &stls, client.UnsafeDisableDeepCopy) == nil {
 		counts := map[string]int{}
 		for i := range stls.Items {
 			counts[string(stls.Items[i].Status.State)]++

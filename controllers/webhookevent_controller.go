@@ -10,7 +10,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -349,8 +352,10 @@ func NewSettlement(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.SettlementFa
 		labels[hooksv1alpha1.LabelJob] = identity.Hash32(f.JobID)
 	}
 	return &hooksv1alpha1.BillingSettlement{
+		// The protection finalizer is set at creation: no separate write later, and no
+		// window in which a settlement exists without it.
 		ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: identity.SettlementName(ev.Spec.Provider, f.SettlementKey),
-			Labels: labels},
+			Labels: labels, Finalizers: []string{hooksv1alpha1.FinalizerSettlementProtection}},
 		Spec: hooksv1alpha1.BillingSettlementSpec{
 			BillingProviderRef: f.BillingProviderRef, SettlementKey: f.SettlementKey,
 			IdempotencyKey: identity.IdempotencyKey(f.SettlementKey), Type: hooksv1alpha1.SettlementCharge,
@@ -506,6 +511,18 @@ func (r *WebhookEventReconciler) eventsOfChild(ctx context.Context, obj client.O
 	return reqs
 }
 
+// mirroredStateChanged passes a child's update only when the state its events mirror
+// changes, and its deletion; a child's creation was done (or linked) by the event
+// itself. Without it every status write of a child re-ran all its events.
+func mirroredStateChanged(state func(client.Object) string) predicate.Funcs {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		UpdateFunc:  func(e event.UpdateEvent) bool { return state(e.ObjectOld) != state(e.ObjectNew) },
+		DeleteFunc:  func(event.DeleteEvent) bool { return true },
+		GenericFunc: func(event.GenericEvent) bool { return true },
+	}
+}
+
 // SetupWithManager registers the controller and its index.
 func (r *WebhookEventReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &hooksv1alpha1.WebhookEvent{},
@@ -515,8 +532,14 @@ func (r *WebhookEventReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(WebhookEventControllerName).
 		For(&hooksv1alpha1.WebhookEvent{}).
-		Watches(&hooksv1alpha1.JobCompletion{}, handler.EnqueueRequestsFromMapFunc(r.eventsOfChild)).
-		Watches(&hooksv1alpha1.BillingSettlement{}, handler.EnqueueRequestsFromMapFunc(r.eventsOfChild)).
+		Watches(&hooksv1alpha1.JobCompletion{}, handler.EnqueueRequestsFromMapFunc(r.eventsOfChild),
+			builder.WithPredicates(mirroredStateChanged(func(o client.Object) string {
+				return mirroredJobState(o.(*hooksv1alpha1.JobCompletion))
+			}))).
+		Watches(&hooksv1alpha1.BillingSettlement{}, handler.EnqueueRequestsFromMapFunc(r.eventsOfChild),
+			builder.WithPredicates(mirroredStateChanged(func(o client.Object) string {
+				return mirroredSettlementState(o.(*hooksv1alpha1.BillingSettlement))
+			}))).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
 		Complete(r)
 }
