@@ -107,7 +107,7 @@ func (r *BillingSettlementReconciler) Reconcile(ctx context.Context, req ctrl.Re
 		if err := r.Patch(ctx, &bs, patch); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer to billingsettlement %s: %w", req.NamespacedName, err)
 		}
-		s.before.ObjectMeta = bs.ObjectMeta
+		s.before.ObjectMeta = *bs.ObjectMeta.DeepCopy()
 	}
 	return r.reconcileNormal(ctx, s)
 }
@@ -125,7 +125,9 @@ func (r *BillingSettlementReconciler) patchStatus(ctx context.Context, s *settle
 	if equality.Semantic.DeepEqual(s.before.Status, s.bs.Status) {
 		return nil
 	}
-	if err := r.Status().Patch(ctx, s.bs, client.MergeFrom(s.before)); err != nil {
+	// Optimistic lock: a reconcile that worked from a stale copy must not overwrite
+	// what a newer one wrote (a conflict just requeues it with fresh state).
+	if err := r.Status().Patch(ctx, s.bs, client.MergeFromWithOptions(s.before, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("patch status of billingsettlement %s: %w", s.bs.Name, err)
 	}
 	if s.before.Status.State != s.bs.Status.State {
@@ -184,12 +186,9 @@ func (r *BillingSettlementReconciler) cond(bs *hooksv1alpha1.BillingSettlement, 
 // key and a fresh retry budget; any other state only records that nothing was to do.
 func (r *BillingSettlementReconciler) handleReplay(s *settlementScope) {
 	bs := s.bs
-	token := bs.Annotations[hooksv1alpha1.AnnotationReplay]
+	token := truncateToken(bs.Annotations[hooksv1alpha1.AnnotationReplay])
 	if token == "" || (bs.Status.Replay != nil && bs.Status.Replay.LastToken == token) {
 		return
-	}
-	if len(token) > 256 {
-		token = token[:256]
 	}
 	st := &bs.Status
 	if st.Replay == nil {
@@ -212,7 +211,9 @@ func (r *BillingSettlementReconciler) handleReplay(s *settlementScope) {
 	if st.FirstSubmittedAt != nil {
 		st.State = hooksv1alpha1.SettlementSubmitted
 	}
-	st.LastError, st.NextAttemptAt = nil, nil
+	// ProviderRef stays for history; a stale "pending" must not turn the provider's
+	// "not found" into a conflict: after a replay, not found means resubmit.
+	st.LastError, st.NextAttemptAt, st.ProviderStatus = nil, nil, ""
 	r.cond(bs, hooksv1alpha1.ConditionDeadLettered, metav1.ConditionFalse, hooksv1alpha1.ReasonReplayed,
 		fmt.Sprintf("replay %q resumed it from %s with the same idempotency key", token, from))
 	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonReplayed, "replayed; asking the provider by key before resubmitting")
@@ -227,15 +228,12 @@ func (r *BillingSettlementReconciler) handleReplay(s *settlementScope) {
 // same key, the same adopt rules.
 func (r *BillingSettlementReconciler) handleReconcileRequest(ctx context.Context, s *settlementScope) (ctrl.Result, bool, error) {
 	bs, st := s.bs, &s.bs.Status
-	token := bs.Annotations[hooksv1alpha1.AnnotationReconcileRequest]
+	token := truncateToken(bs.Annotations[hooksv1alpha1.AnnotationReconcileRequest])
 	if token == "" || token == st.ReconcileRequest {
 		return ctrl.Result{}, false, nil
 	}
-	if len(token) > 256 {
-		token = token[:256]
-	}
-	st.ReconcileRequest = token
-	if st.State == hooksv1alpha1.SettlementSettled || st.FirstSubmittedAt == nil {
+	if st.State == hooksv1alpha1.SettlementSettled {
+		st.ReconcileRequest = token
 		return ctrl.Result{}, false, nil
 	}
 	if res, done, err := r.resolveProvider(ctx, s); done || err != nil {
@@ -243,9 +241,11 @@ func (r *BillingSettlementReconciler) handleReconcileRequest(ctx context.Context
 	}
 	rec, found, err := s.client.Lookup(ctx, bs.Spec.IdempotencyKey)
 	if err != nil {
+		// Not consumed: the request is acted on again at the next reconcile.
 		settlementAttempts.WithLabelValues("lookup", classLabel(err)).Inc()
-		return ctrl.Result{}, false, nil // the normal path retries
+		return ctrl.Result{}, false, nil
 	}
+	st.ReconcileRequest = token
 	settlementAttempts.WithLabelValues("lookup", "ok").Inc()
 	if !found {
 		return ctrl.Result{}, false, nil
@@ -358,27 +358,36 @@ func exhausted(s *settlementScope, p retryPolicy) (bool, string) {
 // call is not known: after a timeout or 5xx, after a restart while Submitted, while
 // the provider reports "pending", and once the idempotency window has passed.
 // Never a new key; never a wait for a human when the provider can answer.
+//
+// A settlement never sent is looked up once too: a settlement deleted after it
+// settled and created again (by hand, or by a redelivery after retention) must find
+// its charge, not make another one once the provider's key window has passed.
 func (r *BillingSettlementReconciler) resolveUnknownOutcome(ctx context.Context, s *settlementScope) (ctrl.Result, bool, error) {
 	st := &s.bs.Status
-	if st.FirstSubmittedAt == nil {
-		return ctrl.Result{}, false, nil
-	}
 	p := policyOf(s.provider)
 	pending := st.ProviderRef != "" && st.ProviderStatus == "pending"
-	unknown := st.LastError == nil || st.LastError.Class == errorClassAmbiguous
-	outsideWindow := s.now.Sub(st.FirstSubmittedAt.Time) >= p.keyWindow
-	if !pending && !unknown && !outsideWindow {
+	neverSent := st.FirstSubmittedAt == nil && st.Attempts == 0
+	unknown := st.OutcomeUnknown || (st.FirstSubmittedAt != nil && st.LastError == nil)
+	outsideWindow := st.FirstSubmittedAt != nil && s.now.Sub(st.FirstSubmittedAt.Time) >= p.keyWindow
+	if !pending && !unknown && !outsideWindow && !neverSent {
 		return ctrl.Result{}, false, nil // a provably unreceived attempt: resubmit directly
 	}
 	rec, found, err := s.client.Lookup(ctx, s.bs.Spec.IdempotencyKey)
 	if err != nil {
 		settlementAttempts.WithLabelValues("lookup", classLabel(err)).Inc()
+		if neverSent && !pending && !unknown && !outsideWindow {
+			// The precaution failed (provider unreachable?): submitting with the key is
+			// as safe as always inside the window, and it fails the same way if down.
+			return ctrl.Result{}, false, nil
+		}
 		return r.failedAttempt(s, p, err, "ask the provider by key")
 	}
 	settlementAttempts.WithLabelValues("lookup", "ok").Inc()
 	if found {
 		return r.adopt(ctx, s, rec, p), true, nil
 	}
+	// Authoritative: the provider has nothing under this key.
+	st.OutcomeUnknown = false
 	if pending {
 		// The provider reported it and now does not know it: that is for a human.
 		r.requiresReconciliation(s, hooksv1alpha1.ReasonMismatchWithProvider,
@@ -394,6 +403,8 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 	bs, st := s.bs, &s.bs.Status
 	p := policyOf(s.provider)
 	if done, why := exhausted(s, p); done {
+		// Reached only when the provider's answer is known (resolveUnknownOutcome
+		// asked it): nothing was charged, so dead-lettering loses nothing.
 		r.deadLetter(s, why)
 		return ctrl.Result{}, true, nil
 	}
@@ -408,7 +419,9 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 	r.cond(bs, hooksv1alpha1.ConditionSubmitted, metav1.ConditionTrue, hooksv1alpha1.ReasonSubmittedToProvider,
 		fmt.Sprintf("attempt %d sent with key %s", st.Attempts, bs.Spec.IdempotencyKey))
 	// The create-pending bracket: the attempt is durable before the call, with the
-	// resourceVersion as compare-and-swap so two workers can never both send.
+	// resourceVersion as compare-and-swap, so two reconciles from the same snapshot
+	// cannot both send. (A resend after a leader change while a call is in flight is
+	// possible and harmless: it carries the same key.)
 	if err := r.Status().Patch(ctx, bs, client.MergeFromWithOptions(s.before, client.MergeFromWithOptimisticLock{})); err != nil {
 		*st = s.before.Status
 		return ctrl.Result{}, true, fmt.Errorf("record attempt of billingsettlement %s: %w", bs.Name, err)
@@ -432,6 +445,9 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 			}
 			st.LastError = settlementError(e, s.now)
 			return ctrl.Result{}, true, nil
+		}
+		if e, ok := billing.AsError(err); !ok || e.Class == billing.Ambiguous {
+			st.OutcomeUnknown = true
 		}
 		return r.failedAttempt(s, p, err, "submit")
 	}
@@ -497,11 +513,23 @@ func settlementError(err error, now time.Time) *hooksv1alpha1.SettlementError {
 func (r *BillingSettlementReconciler) failedAttempt(s *settlementScope, p retryPolicy, err error, what string) (ctrl.Result, bool, error) {
 	st := &s.bs.Status
 	st.LastError = settlementError(err, s.now)
-	if done, why := exhausted(s, p); done {
+	done, why := exhausted(s, p)
+	if done && !st.OutcomeUnknown {
 		r.deadLetter(s, why+"; last error: "+st.LastError.Message)
 		return ctrl.Result{}, true, nil
 	}
 	wait := backoff(st.Attempts, p.initial, p.max)
+	if done {
+		// The budget is spent but an earlier attempt may have charged: nothing is
+		// sent any more, the provider is only asked by key until it answers.
+		wait = p.max
+		next := metav1.NewTime(s.now.Add(wait))
+		st.NextAttemptAt = &next
+		r.cond(s.bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonOutcomeUnknown,
+			fmt.Sprintf("retries exhausted (%s), but an earlier attempt may have reached the provider: asking it by key until it answers, next at %s (last error: %s)",
+				why, next.UTC().Format(time.RFC3339), st.LastError.Message))
+		return ctrl.Result{RequeueAfter: wait}, true, nil
+	}
 	if e, ok := billing.AsError(err); ok && e.RetryAfter > wait {
 		wait = e.RetryAfter
 	}
@@ -527,8 +555,8 @@ func (r *BillingSettlementReconciler) adopt(ctx context.Context, s *settlementSc
 			fmt.Sprintf("the provider's record %s under key %s differs: %s", rec.ID, bs.Spec.IdempotencyKey, why))
 		return ctrl.Result{}
 	}
-	st.ProviderRef, st.ProviderStatus, st.LastError, st.NextAttemptAt = rec.ID, rec.Status, nil, nil
-	if st.FirstSubmittedAt == nil { // learned from the provider before we ever sent it (reconciliation import)
+	st.ProviderRef, st.ProviderStatus, st.LastError, st.NextAttemptAt, st.OutcomeUnknown = rec.ID, rec.Status, nil, nil, false
+	if st.FirstSubmittedAt == nil { // found by the lookup before the first submission
 		now := metav1.NewTime(s.now)
 		st.FirstSubmittedAt = &now
 	}
@@ -632,8 +660,8 @@ func (r *BillingSettlementReconciler) updateReversedBy(ctx context.Context, s *s
 // as the provider answers.
 func (r *BillingSettlementReconciler) reconcileDelete(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
 	bs, st := s.bs, &s.bs.Status
-	unknown := st.FirstSubmittedAt != nil &&
-		(st.State == hooksv1alpha1.SettlementSubmitted || st.State == hooksv1alpha1.SettlementPending)
+	unknown := st.OutcomeUnknown || (st.FirstSubmittedAt != nil &&
+		(st.State == hooksv1alpha1.SettlementSubmitted || st.State == hooksv1alpha1.SettlementPending))
 	if unknown {
 		if res, done, err := r.resolveProvider(ctx, s); done || err != nil {
 			return res, err
@@ -646,7 +674,7 @@ func (r *BillingSettlementReconciler) reconcileDelete(ctx context.Context, s *se
 			r.adopt(ctx, s, rec, policyOf(s.provider))
 			unknown = st.State == hooksv1alpha1.SettlementSubmitted
 		default:
-			unknown = false // authoritative: the provider has no charge under this key
+			unknown, st.OutcomeUnknown = false, false // authoritative: no charge under this key
 		}
 	}
 	if unknown {
@@ -713,6 +741,15 @@ func (r *BillingSettlementReconciler) SetupWithManager(mgr ctrl.Manager) error {
 // filed under ("" when it matches). Fields the provider did not return are not
 // compared.
 func RecordMismatch(bs *hooksv1alpha1.BillingSettlement, rec billing.Record) string {
+	if rec.SettlementKey != "" && rec.SettlementKey != bs.Spec.SettlementKey {
+		return fmt.Sprintf("settlement key %q locally, %q at the provider", bs.Spec.SettlementKey, rec.SettlementKey)
+	}
+	if rec.Customer != "" && rec.Customer != bs.Spec.Customer {
+		return fmt.Sprintf("customer %q locally, %q at the provider", bs.Spec.Customer, rec.Customer)
+	}
+	if want := strings.ToLower(string(bs.Spec.Type)); rec.Type != "" && want != "" && rec.Type != want {
+		return fmt.Sprintf("type %s locally, %s at the provider", want, rec.Type)
+	}
 	if a, b := bs.Spec.Amount, rec.Amount; a != nil && b != nil && (a.Minor != b.Minor || a.Currency != b.Currency) {
 		return fmt.Sprintf("amount %d %s locally, %d %s at the provider", a.Minor, a.Currency, b.Minor, b.Currency)
 	}
@@ -729,4 +766,13 @@ func sameQuantity(a, b string) bool {
 		return a == b
 	}
 	return x.Cmp(y) == 0
+}
+
+// truncateToken bounds an annotation token to what status stores, before comparing,
+// so an over-long token is not taken as new on every reconcile.
+func truncateToken(t string) string {
+	if len(t) > 256 {
+		return t[:256]
+	}
+	return t
 }

@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -280,6 +281,41 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 		Expect(condition(bs.Status.Conditions, hooksv1alpha1.ConditionDeadLettered).Status).To(Equal(metav1.ConditionFalse))
 		Expect(billing.Charges(key("job-down"))).To(Equal(1))
 		Eventually(eventPhase(ns, "msg_down")).Should(Equal(hooksv1alpha1.EventComplete))
+	})
+
+	It("never dead-letters while an attempt may have charged: it keeps asking by key", func() {
+		ns := newTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Retry.MaxElapsed = &metav1.Duration{Duration: 2 * time.Second}
+			bp.Spec.Retry.MaxBackoff = &metav1.Duration{Duration: time.Second}
+		})
+		billing.CommitThenTimeoutNext(1)
+		sendOK(ns, "msg_unknown", jobEvent("job-unknown", 1, 6))
+		// The charge is committed, its answer is lost, and the provider goes down.
+		Eventually(func() int { return billing.Charges(key("job-unknown")) }).Should(Equal(1))
+		Expect(billing.SetDown(true)).To(Succeed())
+		downed := true
+		defer func() {
+			if downed {
+				_ = billing.SetDown(false)
+			}
+		}()
+		Eventually(func() string {
+			bs := &hooksv1alpha1.BillingSettlement{}
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.SettlementName("inference", key("job-unknown"))}, bs); err != nil {
+				return ""
+			}
+			if c := condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady); c != nil && strings.Contains(c.Message, "retries exhausted") {
+				return c.Reason
+			}
+			return ""
+		}).Should(Equal(hooksv1alpha1.ReasonOutcomeUnknown))
+		Consistently(settlementState(ns, "job-unknown")).WithTimeout(2 * time.Second).Should(Equal(hooksv1alpha1.SettlementSubmitted))
+		Expect(settlementOf(ns, "job-unknown").Status.OutcomeUnknown).To(BeTrue())
+
+		Expect(billing.SetDown(false)).To(Succeed())
+		downed = false
+		Eventually(settlementState(ns, "job-unknown")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		Expect(billing.Charges(key("job-unknown"))).To(Equal(1))
 	})
 
 	It("resolves settlements left Submitted by a killed manager without a second charge", func() {

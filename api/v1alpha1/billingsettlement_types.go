@@ -216,6 +216,13 @@ type BillingSettlementStatus struct {
 	// +optional
 	FirstSubmittedAt *metav1.Time `json:"firstSubmittedAt,omitempty"`
 
+	// outcomeUnknown is true while an attempt may have reached the provider without
+	// its answer arriving (a timeout, a 5xx, a crash mid-call). The provider is then
+	// asked by key before anything else, and the settlement is never dead-lettered
+	// while it is true: only the provider's answer clears it.
+	// +optional
+	OutcomeUnknown bool `json:"outcomeUnknown,omitempty"`
+
 	// lastAttemptAt is when the latest call was made.
 	// +optional
 	LastAttemptAt *metav1.Time `json:"lastAttemptAt,omitempty"`
