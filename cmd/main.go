@@ -5,7 +5,9 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"flag"
+	"net/http"
 	"os"
 	"time"
 
@@ -144,6 +146,19 @@ func main() {
 		os.Exit(1)
 	}
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		log.Error(err, "unable to set up ready check")
+		os.Exit(1)
+	}
+	// Ready only once the receiver listens (it starts after the caches have synced), so
+	// neither a Service nor a rollout counts on a replica that would refuse deliveries.
+	if err := mgr.AddReadyzCheck("receiver", func(*http.Request) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		if _, err := recv.Addr(ctx); err != nil {
+			return errors.New("the webhook receiver is not listening yet")
+		}
+		return nil
+	}); err != nil {
 		log.Error(err, "unable to set up ready check")
 		os.Exit(1)
 	}

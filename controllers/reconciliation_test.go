@@ -104,11 +104,12 @@ var _ = Describe("reconciliation reports (DESIGN §7)", func() {
 		// The route now charges jobs; the earlier job was never charged.
 		wp := &hooksv1alpha1.WebhookProvider{}
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "inference"}, wp)).To(Succeed())
+		patch := client.MergeFrom(wp.DeepCopy()) // its controller writes status concurrently
 		wp.Spec.Routes[0].Operations = append(wp.Spec.Routes[0].Operations, hooksv1alpha1.RouteOperation{
 			Type: hooksv1alpha1.OperationBillingSettlement, Settlement: &hooksv1alpha1.SettlementMapping{
 				BillingProviderRef: "billing", JobID: ".data.job_id", Customer: ".data.customer",
 				Usage: &hooksv1alpha1.UsageMapping{Quantity: ".data.tokens", Meter: "tokens"}}})
-		Expect(k8s.Update(ctx, wp)).To(Succeed())
+		Expect(k8s.Patch(ctx, wp, patch)).To(Succeed())
 		d := finding(ns, hooksv1alpha1.DiscrepancyJobWithoutSettlement, func(d hooksv1alpha1.Discrepancy) bool {
 			return d.Object == "JobCompletion/"+identity.JobCompletionName("inference", "job-unbilled")
 		})

@@ -335,8 +335,10 @@ var _ = Describe("the receiver", func() {
 		It("keeps the raw payload only when the provider opts in, capped", func() {
 			p := &hooksv1alpha1.WebhookProvider{}
 			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "inference"}, p)).To(Succeed())
+			// A merge patch: the provider's controller writes its status concurrently.
+			patch := client.MergeFrom(p.DeepCopy())
 			p.Spec.RawPayload = &hooksv1alpha1.RawPayloadStorage{Enabled: true, MaxBytes: 256}
-			Expect(k8s.Update(ctx, p)).To(Succeed())
+			Expect(k8s.Patch(ctx, p, patch)).To(Succeed())
 			Eventually(func() int64 {
 				got := &hooksv1alpha1.WebhookProvider{}
 				Expect(mgrCache.Get(ctx, client.ObjectKeyFromObject(p), got)).To(Succeed())

@@ -1,0 +1,547 @@
+package deploy_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/gexec"
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/signature"
+	"github.com/settlement-operator/settlement-operator/test/fakebilling"
+	"github.com/settlement-operator/settlement-operator/test/sender"
+	"github.com/settlement-operator/settlement-operator/test/testenv"
+)
+
+// operatorNamespace and managerUser are what the README and docs tell platform teams;
+// the suite checks the installer really produces them.
+const (
+	operatorNamespace = "settlement-operator-system"
+	managerUser       = "system:serviceaccount:settlement-operator-system:settlement-operator-controller-manager"
+	leaseName         = "settlement-operator.hooks.settlement.dev"
+)
+
+var _ = Describe("the installer (make build-installer: dist/install.yaml)", Ordered, func() {
+	It("holds the CRDs, least-privilege RBAC, a hardened two-replica Deployment, its Services and a PDB", func() {
+		kinds := map[string]int{}
+		for _, o := range objects {
+			kinds[o.GetKind()]++
+			switch o.GetKind() {
+			case "Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding":
+			default:
+				Expect(o.GetNamespace()).To(Equal(operatorNamespace), objectKey(o))
+			}
+		}
+		crdFiles, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "config", "crd", "bases", "*.yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(kinds).To(SatisfyAll(
+			HaveKeyWithValue("Namespace", 1), HaveKeyWithValue("CustomResourceDefinition", len(crdFiles)),
+			HaveKeyWithValue("ServiceAccount", 1), HaveKeyWithValue("Deployment", 1),
+			HaveKeyWithValue("Service", 2), HaveKeyWithValue("PodDisruptionBudget", 1)))
+		Expect(objects[0].GetKind()).To(Equal("Namespace"), "the namespace comes first, so one apply creates everything")
+		// config/operator is the same minus the CRDs (for GitOps setups that apply CRDs first).
+		var withoutCRDs, operator []string
+		for _, o := range objects {
+			if o.GetKind() != "CustomResourceDefinition" {
+				withoutCRDs = append(withoutCRDs, objectKey(o))
+			}
+		}
+		for _, o := range decodeAll(run(kustomize, "build", filepath.Join(testenv.RepoRoot(), "config", "operator"))) {
+			operator = append(operator, objectKey(o))
+		}
+		Expect(operator).To(ConsistOf(withoutCRDs))
+		Expect(objects[0].GetLabels()).To(HaveKeyWithValue("pod-security.kubernetes.io/enforce", "restricted"))
+
+		dep := deployment()
+		Expect(*dep.Spec.Replicas).To(Equal(int32(2)))
+		Expect(dep.Spec.Strategy.RollingUpdate.MaxUnavailable.IntValue()).To(Equal(0), "both receivers stay up during a rollout")
+		pod := dep.Spec.Template.Spec
+		Expect(pod.SecurityContext.RunAsNonRoot).To(HaveValue(BeTrue()))
+		Expect(pod.SecurityContext.SeccompProfile.Type).To(Equal(corev1.SeccompProfileTypeRuntimeDefault))
+		Expect(pod.Containers).To(HaveLen(1))
+		c := pod.Containers[0]
+		Expect(c.Args).To(ContainElements("--leader-elect", "--receiver-bind-address=:8090"))
+		Expect(c.Ports).To(ContainElement(SatisfyAll(
+			HaveField("Name", "receiver"), HaveField("ContainerPort", int32(8090)))))
+		Expect(c.SecurityContext.ReadOnlyRootFilesystem).To(HaveValue(BeTrue()))
+		Expect(c.SecurityContext.AllowPrivilegeEscalation).To(HaveValue(BeFalse()))
+		Expect(c.SecurityContext.Capabilities.Drop).To(ConsistOf(corev1.Capability("ALL")))
+		Expect(c.LivenessProbe.HTTPGet.Path).To(Equal("/healthz"))
+		Expect(c.ReadinessProbe.HTTPGet.Path).To(Equal("/readyz"))
+		for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+			Expect(c.Resources.Requests).To(HaveKey(r))
+			Expect(c.Resources.Limits).To(HaveKey(r))
+		}
+
+		podLabels := labels.Set(dep.Spec.Template.Labels)
+		ports := map[string]bool{}
+		for _, p := range c.Ports {
+			ports[p.Name] = true
+		}
+		for _, name := range []string{"settlement-operator-webhook-receiver", "settlement-operator-controller-manager-metrics-service"} {
+			svc := decode[corev1.Service](find("Service", name))
+			Expect(labels.SelectorFromSet(svc.Spec.Selector).Matches(podLabels)).To(BeTrue(), name+" selects the manager Pods")
+			Expect(ports).To(HaveKey(svc.Spec.Ports[0].TargetPort.StrVal), name+" targets a named container port")
+		}
+		pdb := decode[policyv1.PodDisruptionBudget](find("PodDisruptionBudget", "settlement-operator-controller-manager"))
+		sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(sel.Matches(podLabels)).To(BeTrue())
+
+		// Least privilege: no wildcards anywhere, and Secrets are only ever read by name.
+		for _, o := range objects {
+			var rules []rbacv1.PolicyRule
+			switch o.GetKind() {
+			case "ClusterRole":
+				rules = decode[rbacv1.ClusterRole](o).Rules
+			case "Role":
+				rules = decode[rbacv1.Role](o).Rules
+			}
+			for _, r := range rules {
+				Expect(slices.Concat(r.Verbs, r.Resources, r.APIGroups)).NotTo(ContainElement("*"), objectKey(o))
+				if slices.Contains(r.Resources, "secrets") {
+					Expect(r.Verbs).To(Equal([]string{"get"}), objectKey(o)+": Secrets are read by name, never listed or watched")
+				}
+			}
+		}
+	})
+
+	It("applies with kubectl apply --server-side, and applying it again changes nothing", func() {
+		out := kubectl(adminKC, "apply", "--server-side", "-f", install)
+		Expect(strings.Count(out, " serverside-applied")).To(Equal(len(objects)), out)
+		kubectl(adminKC, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+		before := stableResourceVersions()
+		Expect(before).To(HaveLen(len(objects)))
+
+		kubectl(adminKC, "apply", "--server-side", "-f", install)
+		Expect(resourceVersions()).To(Equal(before), "a second apply must not write anything")
+		diff, stderr, err := kubectlE(adminKC, "diff", "--server-side", "-f", install)
+		Expect(err).NotTo(HaveOccurred(), "kubectl diff exits 0 only when there is no difference:\n%s%s", diff, stderr)
+		Expect(diff).To(BeEmpty())
+	})
+
+	It("upgrades in place: applying a new image changes the Deployment and nothing else", func() {
+		before := stableResourceVersions()
+		rendered, err := os.ReadFile(install)
+		Expect(err).NotTo(HaveOccurred())
+		upgraded := strings.Replace(string(rendered), "image: settlement-operator:latest",
+			"image: registry.example.com/settlement-operator:v0.2.0", 1)
+		Expect(upgraded).NotTo(Equal(string(rendered)), "the installer names the image settlement-operator:latest")
+		path := filepath.Join(workDir, "install-v0.2.0.yaml")
+		Expect(os.WriteFile(path, []byte(upgraded), 0o600)).To(Succeed())
+		kubectl(adminKC, "apply", "--server-side", "-f", path)
+		var changed []string
+		for k, rv := range resourceVersions() {
+			if before[k] != rv {
+				changed = append(changed, k)
+			}
+		}
+		Expect(changed).To(ConsistOf("Deployment/" + operatorNamespace + "/settlement-operator-controller-manager"))
+	})
+
+	It("owns the CRDs by server-side apply; client-side apply would fit too, with room to spare", func() {
+		var crds apiextensionsv1.CustomResourceDefinitionList
+		Expect(k8s.List(ctx, &crds)).To(Succeed())
+		Expect(crds.Items).NotTo(BeEmpty())
+		for _, crd := range crds.Items {
+			Expect(crd.Annotations).NotTo(HaveKey(corev1.LastAppliedConfigAnnotation),
+				"server-side apply keeps no last-applied copy of the object")
+			Expect(crd.ManagedFields).To(ContainElement(SatisfyAll(
+				HaveField("Manager", "kubectl"), HaveField("Operation", metav1.ManagedFieldsOperationApply))))
+		}
+		// Client-side apply would copy each CRD into the last-applied-configuration
+		// annotation, and all annotations of an object share a 256 KiB limit. Ours are far
+		// below it; this fails once one reaches half, so the README is revisited in time.
+		files, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "config", "crd", "bases", "*.yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			Expect(err).NotTo(HaveOccurred())
+			objs := decodeAll(string(b))
+			Expect(objs).To(HaveLen(1))
+			j, err := json.Marshal(objs[0].Object)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(len(j)).To(BeNumerically("<", 128<<10), "%s as JSON", filepath.Base(f))
+		}
+		out := kubectl(adminKC, "apply", "--dry-run=server", "-f", filepath.Join(testenv.RepoRoot(), "config", "crd", "bases"))
+		Expect(out).To(ContainSubstring("(server dry run)"))
+	})
+
+	It("runs the manager as the Deployment's ServiceAccount: every replica receives, the leader settles exactly once", func() {
+		dep := deployment()
+		Expect("system:serviceaccount:" + dep.Namespace + ":" + dep.Spec.Template.Spec.ServiceAccountName).To(Equal(managerUser))
+		saKC := filepath.Join(workDir, "manager.kubeconfig")
+		Expect(testenv.WriteKubeconfig(saKC, cfg, "as-manager", managerUser)).To(Succeed())
+		// The kubeconfig is the ServiceAccount and has nothing but its RBAC.
+		Expect(kubectl(saKC, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")).To(Equal(managerUser))
+		Expect(kubectl(saKC, "auth", "can-i", "get", "secrets", "-n", "tenant")).To(Equal("yes\n"))
+		out, _, err := kubectlE(saKC, "auth", "can-i", "list", "secrets", "-A")
+		Expect(err).To(HaveOccurred())
+		Expect(out).To(Equal("no\n"))
+
+		billing, err := fakebilling.Start(fakebilling.Options{Token: "deploy-suite-token"})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(billing.Close)
+		const ns, whsec = "tenant", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-webhook-secret"},
+			StringData: map[string]string{"key": whsec}})).To(Succeed())
+		Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing-api-token"},
+			StringData: map[string]string{"token": "deploy-suite-token"}})).To(Succeed())
+		Expect(k8s.Create(ctx, &hooksv1alpha1.BillingProvider{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing"},
+			Spec: hooksv1alpha1.BillingProviderSpec{Endpoint: billing.URL(), AllowInsecureHTTP: true,
+				CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "billing-api-token", Key: "token"},
+				RequestTimeout:       &metav1.Duration{Duration: 2 * time.Second}},
+		})).To(Succeed())
+		// The README's Standard Webhooks sample, as a user would apply it.
+		kubectl(adminKC, "apply", "--server-side", "-n", ns, "-f",
+			filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_webhookprovider.yaml"))
+
+		replicas := []*replica{startReplica(dep, saKC), startReplica(dep, saKC)}
+		DeferCleanup(func() {
+			for _, r := range replicas {
+				r.session.Kill()
+			}
+		})
+		Eventually(func() metav1.ConditionStatus {
+			var wp hooksv1alpha1.WebhookProvider
+			if k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "inference"}, &wp) != nil {
+				return ""
+			}
+			for _, c := range wp.Status.Conditions {
+				if c.Type == hooksv1alpha1.ConditionReady {
+					return c.Status
+				}
+			}
+			return ""
+		}).Should(Equal(metav1.ConditionTrue), "the leader's controllers run with the shipped RBAC")
+
+		send := func(r *replica, id, job string, tokens int) sender.Response {
+			GinkgoHelper()
+			body := fmt.Sprintf(`{"type":"job.completed","data":{"job_id":%q,"version":1,"state":"succeeded",`+
+				`"completed_at":"2026-11-30T12:00:00Z","customer":"cus_deploy","usage":{"tokens":%d}}}`, job, tokens)
+			resp, err := sender.Send(ctx, nil, sender.Delivery{
+				URL: "http://" + r.receiver + identity.EndpointPath(ns, "inference"), ID: id, Body: []byte(body),
+				Signature: signature.Config{Scheme: signature.SchemeStandardWebhooks}, Secret: []byte(whsec),
+			})
+			Expect(err).NotTo(HaveOccurred())
+			return resp
+		}
+		// Each replica receives, whichever holds the Lease.
+		for i, r := range replicas {
+			Eventually(func() int { return send(r, fmt.Sprintf("msg_%d", i), fmt.Sprintf("job-%d", i), 100+i).Status }).
+				Should(Equal(http.StatusOK))
+		}
+		dup := send(replicas[1], "msg_0", "job-0", 100)
+		Expect(dup.Status).To(Equal(http.StatusOK))
+		Expect(dup.Body).To(ContainSubstring(`"duplicate"`))
+		Expect(send(replicas[0], "msg_1", "job-1", 999).Status).To(Equal(http.StatusConflict))
+
+		for i := range replicas {
+			key := identity.DefaultSettlementKey("inference", fmt.Sprintf("job-%d", i))
+			Eventually(func() hooksv1alpha1.SettlementState {
+				var bs hooksv1alpha1.BillingSettlement
+				if k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.SettlementName("inference", key)}, &bs) != nil {
+					return ""
+				}
+				return bs.Status.State
+			}).Should(Equal(hooksv1alpha1.SettlementSettled))
+			Eventually(func() hooksv1alpha1.EventPhase {
+				var ev hooksv1alpha1.WebhookEvent
+				if k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.EventName(ns, "inference", fmt.Sprintf("msg_%d", i))}, &ev) != nil {
+					return ""
+				}
+				return ev.Status.Phase
+			}).Should(Equal(hooksv1alpha1.EventComplete))
+			Expect(billing.Charges(key)).To(Equal(1))
+		}
+		// The receiver recorded the conflicting reuse as a Warning event (events.k8s.io).
+		Eventually(func() []string {
+			var evs eventsv1.EventList
+			Expect(k8s.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
+			var reasons []string
+			for _, e := range evs.Items {
+				reasons = append(reasons, e.Reason)
+			}
+			return reasons
+		}).Should(ContainElement(hooksv1alpha1.ReasonConflictingEventReuse))
+
+		var lease coordinationv1.Lease
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: operatorNamespace, Name: leaseName}, &lease)).To(Succeed())
+		Expect(lease.Spec.HolderIdentity).To(HaveValue(Not(BeEmpty())))
+
+		// Every metric this scenario exercises is exposed (the leader has the controllers').
+		var exposed strings.Builder
+		for _, r := range replicas {
+			exposed.WriteString(httpGet("http://" + r.metrics + "/metrics"))
+		}
+		for _, m := range []string{"settlement_receiver_requests_total", "settlement_receiver_request_duration_seconds",
+			"settlement_receiver_in_flight_requests", "settlement_receiver_signature_key_matches_total",
+			"settlement_provider_calls_total", "settlement_transitions_total", "settlement_dead_letters_total",
+			"settlement_receipt_to_settled_seconds", "settlement_job_completion_transitions_total", "settlement_objects"} {
+			Expect(exposed.String()).To(ContainSubstring("# TYPE "+m+" "), m)
+		}
+
+		for _, r := range replicas {
+			r.session.Terminate().Wait(45 * time.Second)
+			Expect(r.session).To(gexec.Exit(0))
+			logs := string(r.session.Out.Contents()) + string(r.session.Err.Contents())
+			Expect(logs).NotTo(ContainSubstring("forbidden"), "a request of the manager was refused by RBAC")
+		}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: operatorNamespace, Name: leaseName}, &lease)).To(Succeed())
+		Expect(lease.Spec.HolderIdentity).To(Or(BeNil(), HaveValue(BeEmpty())), "the leader released its Lease on shutdown")
+	})
+
+	It("lets the settlement-replayer role replay a settlement, and nothing else", func() {
+		const ns, user = "finance", "oncall@example.com"
+		role := find("ClusterRole", "settlement-operator-settlement-replayer")
+		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		Expect(k8s.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "replayers"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.GetName()},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
+		})).To(Succeed())
+		sample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_billingsettlement.yaml")
+		kubectl(adminKC, "apply", "--server-side", "-n", ns, "-f", sample)
+		name := decodeAll(string(must(os.ReadFile(sample))))[0].GetName()
+
+		oncall := filepath.Join(workDir, "oncall.kubeconfig")
+		Expect(testenv.WriteKubeconfig(oncall, cfg, "oncall", user)).To(Succeed())
+		kubectl(oncall, "annotate", "-n", ns, "billingsettlement", name, hooksv1alpha1.AnnotationReplay+"=after-outage-1")
+		var bs hooksv1alpha1.BillingSettlement
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &bs)).To(Succeed())
+		Expect(bs.Annotations).To(HaveKeyWithValue(hooksv1alpha1.AnnotationReplay, "after-outage-1"))
+
+		for _, denied := range [][]string{
+			{"create", "billingsettlements"}, {"delete", "billingsettlements"},
+			{"patch", "billingsettlements", "--subresource=status"}, {"update", "billingsettlements/finalizers"},
+			{"get", "secrets"}, {"patch", "webhookevents"}, {"create", "webhookevents"},
+		} {
+			out, _, err := kubectlE(oncall, append([]string{"auth", "can-i", "-n", ns}, denied...)...)
+			Expect(err).To(HaveOccurred(), strings.Join(denied, " "))
+			Expect(out).To(Equal("no\n"), strings.Join(denied, " "))
+		}
+		// patch would reach the spec, but the API server refuses any change to it.
+		_, stderr, err := kubectlE(oncall, "patch", "-n", ns, "billingsettlement", name, "--type=merge",
+			"-p", `{"spec":{"customer":"cus_other"}}`)
+		Expect(err).To(HaveOccurred())
+		Expect(stderr).To(ContainSubstring("immutable"))
+	})
+
+	It("ships NetworkPolicy and ServiceMonitor add-ons that select the installed Pods and metrics Service", func() {
+		dep := deployment()
+		podLabels := labels.Set(dep.Spec.Template.Labels)
+		ports := map[string]bool{}
+		for _, p := range dep.Spec.Template.Spec.Containers[0].Ports {
+			ports[p.Name] = true
+		}
+		// As the README says: kubectl apply --server-side -k config/network-policy.
+		dir := filepath.Join(testenv.RepoRoot(), "config", "network-policy")
+		Expect(kubectl(adminKC, "apply", "--server-side", "-k", dir)).To(ContainSubstring("serverside-applied"))
+		policies := decodeAll(run(kustomize, "build", dir))
+		Expect(policies).To(HaveLen(2))
+		for _, o := range policies {
+			var np networkingv1.NetworkPolicy
+			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: o.GetNamespace(), Name: o.GetName()}, &np)).To(Succeed())
+			Expect(np.Namespace).To(Equal(operatorNamespace))
+			sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(sel.Matches(podLabels)).To(BeTrue(), np.Name)
+			for _, rule := range np.Spec.Ingress {
+				for _, p := range rule.Ports {
+					Expect(ports).To(HaveKey(p.Port.StrVal), np.Name+" admits a named port of the manager")
+				}
+			}
+		}
+
+		// The ServiceMonitor's CRD belongs to the Prometheus Operator, so it is checked
+		// against the installer rather than applied.
+		monitors := decodeAll(run(kustomize, "build", filepath.Join(testenv.RepoRoot(), "config", "prometheus")))
+		Expect(monitors).To(HaveLen(1))
+		sm := monitors[0]
+		Expect(sm.GetKind()).To(Equal("ServiceMonitor"))
+		Expect(sm.GetNamespace()).To(Equal(operatorNamespace))
+		match, _, err := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+		Expect(err).NotTo(HaveOccurred())
+		metricsSvc := decode[corev1.Service](find("Service", "settlement-operator-controller-manager-metrics-service"))
+		receiverSvc := decode[corev1.Service](find("Service", "settlement-operator-webhook-receiver"))
+		Expect(labels.SelectorFromSet(match).Matches(labels.Set(metricsSvc.Labels))).To(BeTrue())
+		Expect(labels.SelectorFromSet(match).Matches(labels.Set(receiverSvc.Labels))).To(BeFalse())
+		endpoints, _, err := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(endpoints).To(HaveLen(1))
+		Expect(endpoints[0]).To(HaveKeyWithValue("port", metricsSvc.Spec.Ports[0].Name))
+	})
+
+	It("undeploys like `make undeploy`: the operator goes, the CRDs and every record stay", func() {
+		var before hooksv1alpha1.BillingSettlementList
+		Expect(k8s.List(ctx, &before)).To(Succeed())
+		Expect(before.Items).NotTo(BeEmpty())
+		rendered := run(kustomize, "build", filepath.Join(testenv.RepoRoot(), "config", "operator"))
+		path := filepath.Join(workDir, "operator.yaml")
+		Expect(os.WriteFile(path, []byte(rendered), 0o600)).To(Succeed())
+		kubectl(adminKC, "delete", "--ignore-not-found", "--wait=false", "-f", path)
+		_, _, err := kubectlE(adminKC, "get", "-n", operatorNamespace, "deployment/settlement-operator-controller-manager")
+		Expect(err).To(HaveOccurred(), "the Deployment is gone")
+		var crds apiextensionsv1.CustomResourceDefinitionList
+		Expect(k8s.List(ctx, &crds)).To(Succeed())
+		files, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "config", "crd", "bases", "*.yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(crds.Items).To(HaveLen(len(files)))
+		var after hooksv1alpha1.BillingSettlementList
+		Expect(k8s.List(ctx, &after)).To(Succeed())
+		Expect(after.Items).To(HaveLen(len(before.Items)))
+	})
+
+	It("documents only metrics the operator defines", func() {
+		readme := string(must(os.ReadFile(filepath.Join(testenv.RepoRoot(), "README.md"))))
+		documented := regexp.MustCompile("`(settlement_[a-z_]+)`").FindAllStringSubmatch(readme, -1)
+		Expect(documented).NotTo(BeEmpty())
+		var source strings.Builder
+		for _, dir := range []string{"controllers", "internal"} {
+			Expect(filepath.WalkDir(filepath.Join(testenv.RepoRoot(), dir), func(p string, d os.DirEntry, err error) error {
+				if err == nil && !d.IsDir() && strings.HasSuffix(p, ".go") && !strings.HasSuffix(p, "_test.go") {
+					source.Write(must(os.ReadFile(p)))
+				}
+				return err
+			})).To(Succeed())
+		}
+		for _, m := range documented {
+			Expect(source.String()).To(ContainSubstring(`"`+m[1]+`"`), "README names metric %s", m[1])
+		}
+	})
+})
+
+// replica is one manager process, started as the Deployment would start it.
+type replica struct {
+	session                   *gexec.Session
+	receiver, metrics, probes string
+}
+
+// startReplica runs the manager binary with the Deployment's container args, the bind
+// addresses moved to free loopback ports and the Lease namespace given explicitly
+// (outside a Pod there is no namespace file to read it from).
+func startReplica(dep *appsv1.Deployment, kubeconfig string) *replica {
+	GinkgoHelper()
+	r := &replica{receiver: freeAddr(), metrics: freeAddr(), probes: freeAddr()}
+	args := []string{"--kubeconfig", kubeconfig, "--leader-election-namespace", dep.Namespace}
+	replaced := 0
+	for _, a := range dep.Spec.Template.Spec.Containers[0].Args {
+		for flag, addr := range map[string]string{"--receiver-bind-address=": r.receiver,
+			"--metrics-bind-address=": r.metrics, "--health-probe-bind-address=": r.probes} {
+			if strings.HasPrefix(a, flag) {
+				a = flag + addr
+				replaced++
+			}
+		}
+		args = append(args, a)
+	}
+	Expect(replaced).To(Equal(3), "the Deployment sets the receiver, metrics and probe addresses")
+	s, err := gexec.Start(exec.Command(managerBin, args...), GinkgoWriter, GinkgoWriter)
+	Expect(err).NotTo(HaveOccurred())
+	r.session = s
+	Eventually(func() int {
+		resp, err := http.Get("http://" + r.probes + "/readyz")
+		if err != nil {
+			return 0
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}).Should(Equal(http.StatusOK))
+	return r
+}
+
+func deployment() *appsv1.Deployment {
+	GinkgoHelper()
+	d := decode[appsv1.Deployment](find("Deployment", "settlement-operator-controller-manager"))
+	return &d
+}
+
+func find(kind, name string) *unstructured.Unstructured {
+	GinkgoHelper()
+	for _, o := range objects {
+		if o.GetKind() == kind && o.GetName() == name {
+			return o
+		}
+	}
+	Fail(fmt.Sprintf("the installer has no %s %s", kind, name))
+	return nil
+}
+
+func decode[T any](u *unstructured.Unstructured) T {
+	GinkgoHelper()
+	var t T
+	Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &t)).To(Succeed())
+	return t
+}
+
+// resourceVersions reads every object of the installer back from the API server.
+func resourceVersions() map[string]string {
+	GinkgoHelper()
+	var list unstructured.UnstructuredList
+	Expect(json.Unmarshal([]byte(kubectl(adminKC, "get", "-f", install, "-o", "json")), &list.Object)).To(Succeed())
+	items, _, err := unstructured.NestedSlice(list.Object, "items")
+	Expect(err).NotTo(HaveOccurred())
+	out := map[string]string{}
+	for _, it := range items {
+		u := &unstructured.Unstructured{Object: it.(map[string]any)}
+		out[objectKey(u)] = u.GetResourceVersion()
+	}
+	return out
+}
+
+// stableResourceVersions waits until the API server's own follow-up writes (CRD status
+// after establishing) are done, so a later comparison sees only what an apply did.
+func stableResourceVersions() map[string]string {
+	GinkgoHelper()
+	var last map[string]string
+	Eventually(func() bool {
+		cur := resourceVersions()
+		same := last != nil && maps.Equal(cur, last)
+		last = cur
+		return same
+	}).WithPolling(time.Second).Should(BeTrue())
+	return last
+}
+
+func httpGet(url string) string {
+	GinkgoHelper()
+	resp, err := http.Get(url)
+	Expect(err).NotTo(HaveOccurred())
+	defer resp.Body.Close()
+	Expect(resp.StatusCode).To(Equal(http.StatusOK), url)
+	return string(must(io.ReadAll(resp.Body)))
+}
+
+func must[T any](v T, err error) T {
+	GinkgoHelper()
+	Expect(err).NotTo(HaveOccurred())
+	return v
+}
