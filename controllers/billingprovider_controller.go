@@ -102,7 +102,7 @@ func (r *BillingProviderReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 			return ctrl.Result{RequeueAfter: due.Sub(now)}, nil
 		}
 	}
-	report, err := r.pass(ctx, &bp, c, policy, now)
+	report, listedAll, err := r.pass(ctx, &bp, c, policy, now)
 	if err != nil && report == "" {
 		return ctrl.Result{}, err
 	}
@@ -113,6 +113,9 @@ func (r *BillingProviderReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	}
 	end := metav1.NewTime(now)
 	bp.Status.LastReconciliation, bp.Status.LastReport = &end, report
+	if listedAll {
+		bp.Status.ProviderListedUntil = &end
+	}
 	if err := r.prune(ctx, &bp, policy.keep); err != nil {
 		return ctrl.Result{}, err
 	}

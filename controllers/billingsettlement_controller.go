@@ -69,7 +69,6 @@ type BillingSettlementReconciler struct {
 
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingsettlements,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingsettlements/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingsettlements/finalizers,verbs=update
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingproviders,verbs=get;list;watch
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents,verbs=get;list;watch
 

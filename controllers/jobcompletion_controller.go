@@ -107,6 +107,9 @@ func (r *JobCompletionReconciler) reconcile(ctx context.Context, jc *hooksv1alph
 
 	token, err := readSecretKey(ctx, r.APIReader, jc.Namespace, sink.CredentialsSecretRef)
 	if err != nil {
+		// Counted like an attempt so the backoff grows: a missing Secret must not be
+		// re-read every second.
+		st.Attempts++
 		return r.retry(jc, fmt.Sprintf("sink credentials: %v", err), 0)
 	}
 	timeout := r.SinkTimeout
@@ -126,9 +129,9 @@ func (r *JobCompletionReconciler) reconcile(ctx context.Context, jc *hooksv1alph
 	res, err := c.Apply(ctx, "job_"+identity.Hash32(jc.Spec.Provider, jc.Spec.JobID, strconv.FormatInt(v, 10)), completion)
 	if err != nil {
 		if e, ok := billing.AsError(err); ok && e.Class == billing.Terminal {
-			st.State, st.LastError = hooksv1alpha1.JobCompletionFailed, e.Error()
+			st.State, st.LastError = hooksv1alpha1.JobCompletionFailed, truncateMessage(e.Error())
 			setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse,
-				hooksv1alpha1.ReasonSinkRejected, "the sink refused version "+strconv.FormatInt(v, 10)+": "+e.Error())
+				hooksv1alpha1.ReasonSinkRejected, "the sink refused version "+strconv.FormatInt(v, 10)+": "+truncateMessage(e.Error()))
 			setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 				hooksv1alpha1.ReasonSinkRejected, "terminal: fix the sink or the job and report a newer version")
 			r.Recorder.Eventf(jc, nil, "Warning", hooksv1alpha1.ReasonSinkRejected, "Apply", "sink refused version %d: %s", v, e.Code)

@@ -39,6 +39,10 @@ type passState struct {
 	report   *hooksv1alpha1.ReconciliationReportStatus
 	byType   map[hooksv1alpha1.DiscrepancyType]int32
 	examined map[string]int32
+	// listedAll is true when the provider's records were walked to the end.
+	listedAll bool
+	// items keeps up to maxReportItems findings per type until the report is filled.
+	items map[hooksv1alpha1.DiscrepancyType][]hooksv1alpha1.Discrepancy
 }
 
 func (p *passState) add(d hooksv1alpha1.Discrepancy) {
@@ -52,10 +56,41 @@ func (p *passState) add(d hooksv1alpha1.Discrepancy) {
 	}
 	discrepanciesFound.WithLabelValues(string(d.Type)).Inc()
 	repairsCarriedOut.WithLabelValues(string(d.Action), fmt.Sprint(d.CarriedOut)).Inc()
-	if len(p.report.Items) < maxReportItems {
+	if p.items == nil {
+		p.items = map[hooksv1alpha1.DiscrepancyType][]hooksv1alpha1.Discrepancy{}
+	}
+	if len(p.items[d.Type]) < maxReportItems {
 		d.Message = truncateTo(d.Message, 500)
-		p.report.Items = append(p.report.Items, d)
-	} else {
+		p.items[d.Type] = append(p.items[d.Type], d)
+	}
+}
+
+// itemOrder lists discrepancy types in the order their findings fill a report:
+// repairs the pass carried out first, then what needs a human.
+var itemOrder = []hooksv1alpha1.DiscrepancyType{
+	hooksv1alpha1.DiscrepancyProviderSettledLocalPending, hooksv1alpha1.DiscrepancySettlementStuck,
+	hooksv1alpha1.DiscrepancyEventNotComplete, hooksv1alpha1.DiscrepancyAmountMismatch,
+	hooksv1alpha1.DiscrepancyLocalSettledProviderUnknown, hooksv1alpha1.DiscrepancyJobWithoutSettlement,
+	hooksv1alpha1.DiscrepancySettlementWithoutJob, hooksv1alpha1.DiscrepancyEventQuarantined,
+	hooksv1alpha1.DiscrepancyProviderRecordWithoutSettlement,
+}
+
+// fillItems takes findings round-robin across types, so that a flood of one kind
+// (say, a thousand provider records we do not know) never hides another kind.
+func (p *passState) fillItems() {
+	for i := 0; len(p.report.Items) < maxReportItems; i++ {
+		took := false
+		for _, t := range itemOrder {
+			if i < len(p.items[t]) && len(p.report.Items) < maxReportItems {
+				p.report.Items = append(p.report.Items, p.items[t][i])
+				took = true
+			}
+		}
+		if !took {
+			break
+		}
+	}
+	if int(p.report.Discrepancies) > len(p.report.Items) {
 		p.report.Truncated = true
 	}
 }
@@ -69,7 +104,7 @@ func truncateTo(s string, n int) string {
 
 // pass runs one reconciliation and returns its report's name.
 func (r *BillingProviderReconciler) pass(ctx context.Context, bp *hooksv1alpha1.BillingProvider, c billing.Client,
-	policy reconciliationPolicy, now time.Time) (string, error) {
+	policy reconciliationPolicy, now time.Time) (string, bool, error) {
 	start := now.Add(-firstWindow)
 	if bp.Status.LastReconciliation != nil {
 		start = bp.Status.LastReconciliation.Time
@@ -81,15 +116,16 @@ func (r *BillingProviderReconciler) pass(ctx context.Context, bp *hooksv1alpha1.
 			WindowStart: metav1.NewTime(start), WindowEnd: metav1.NewTime(now)},
 	}
 	if err := r.Create(ctx, rr); err != nil && !apierrors.IsAlreadyExists(err) {
-		return "", fmt.Errorf("create report %s: %w", rr.Name, err)
+		return "", false, fmt.Errorf("create report %s: %w", rr.Name, err)
 	} else if apierrors.IsAlreadyExists(err) {
-		return rr.Name, nil // a pass for this second already ran
+		return rr.Name, false, nil // a pass for this second already ran
 	}
 	base := rr.DeepCopy()
 	p := &passState{report: &rr.Status, byType: map[hooksv1alpha1.DiscrepancyType]int32{}, examined: map[string]int32{}}
 	rr.Status.Phase = hooksv1alpha1.ReportRunning
 
 	err := r.compare(ctx, bp, c, policy, now, rr.Name, p)
+	p.fillItems()
 	rr.Status.ObservedGeneration = rr.Generation
 	rr.Status.Examined = p.examined
 	types := make([]string, 0, len(p.byType))
@@ -113,13 +149,13 @@ func (r *BillingProviderReconciler) pass(ctx context.Context, bp *hooksv1alpha1.
 				rr.Status.Discrepancies, rr.Status.Repaired, rr.Status.NeedsReview))
 	}
 	if perr := r.Status().Patch(ctx, rr, client.MergeFrom(base)); perr != nil {
-		return "", fmt.Errorf("write report %s: %w", rr.Name, perr)
+		return "", false, fmt.Errorf("write report %s: %w", rr.Name, perr)
 	}
 	if rr.Status.NeedsReview > 0 {
 		r.Recorder.Eventf(bp, rr, "Warning", "DiscrepanciesNeedReview", "Reconcile",
 			"%s: %d discrepancies need review (see docs/runbook.md)", rr.Name, rr.Status.NeedsReview)
 	}
-	return rr.Name, err
+	return rr.Name, p.listedAll && err == nil, err
 }
 
 // compare answers each question of DESIGN §7 for one provider's namespace.
@@ -245,6 +281,10 @@ func (r *BillingProviderReconciler) compare(ctx context.Context, bp *hooksv1alph
 			if ev.Status.Phase == hooksv1alpha1.EventRequiresReconciliation {
 				d.Action = hooksv1alpha1.RepairManualReview
 				d.Message += "; an operation conflicts or its record was deleted (see the event's status.operations)"
+			} else if failed := failedChild(ev); failed != "" {
+				// Dispatching again retries nothing: the child is dead-lettered or refused.
+				d.Action = hooksv1alpha1.RepairManualReview
+				d.Message += "; " + failed + " failed: fix the cause and replay it (docs/runbook.md)"
 			} else {
 				d.CarriedOut = r.touch(ctx, ev, reportName)
 				d.Message += "; dispatched again"
@@ -257,6 +297,16 @@ func (r *BillingProviderReconciler) compare(ctx context.Context, bp *hooksv1alph
 		return fmt.Errorf("local checks done; comparison with the provider skipped: %w", providerErr)
 	}
 	return nil
+}
+
+// failedChild names a child of ev in state Failed, if any.
+func failedChild(ev *hooksv1alpha1.WebhookEvent) string {
+	for _, op := range ev.Status.Operations {
+		if op.State == string(hooksv1alpha1.SettlementFailed) {
+			return op.Child
+		}
+	}
+	return ""
 }
 
 func phaseOrNew(ev *hooksv1alpha1.WebhookEvent) string {
@@ -328,8 +378,8 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 	now time.Time, reportName string, byKey map[string]*hooksv1alpha1.BillingSettlement,
 	mine []*hooksv1alpha1.BillingSettlement, p *passState) error {
 	since := now.Add(-firstWindow)
-	if bp.Status.LastReconciliation != nil {
-		since = bp.Status.LastReconciliation.Add(-reconciliationPolicyOf(bp).stuckAfter)
+	if t := bp.Status.ProviderListedUntil; t != nil {
+		since = t.Add(-reconciliationPolicyOf(bp).stuckAfter)
 	}
 	seen := map[string]bool{}
 	cursor, pages, records := "", 0, int32(0)
@@ -366,7 +416,13 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 			}
 		}
 		pages++
-		if next == "" || pages >= maxListPages {
+		if next == "" {
+			p.listedAll = true
+			break
+		}
+		if pages >= maxListPages {
+			// The rest waits for the next pass, which starts from the same point.
+			p.report.Truncated = true
 			break
 		}
 		cursor = next

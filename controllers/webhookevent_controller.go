@@ -156,20 +156,31 @@ func (r *WebhookEventReconciler) dispatch(ctx context.Context, ev *hooksv1alpha1
 		f := &ev.Spec.JobCompletions[i]
 		op, err := r.jobCompletion(ctx, ev, f, recorded[string(hooksv1alpha1.OperationJobCompletion)+"/"+f.JobID])
 		errs = append(errs, err)
-		ops = append(ops, op)
+		ops = append(ops, withError(op, err))
 	}
-	superseded := map[string]bool{}
+	superseded, undecided := map[string]bool{}, map[string]bool{}
 	for _, op := range ops {
-		if op.Outcome == hooksv1alpha1.OutcomeSuperseded {
+		switch op.Outcome {
+		case hooksv1alpha1.OutcomeSuperseded:
 			superseded[op.Key] = true
+		case hooksv1alpha1.OutcomePending:
+			undecided[op.Key] = true
 		}
 	}
 	for i := range ev.Spec.Settlements {
 		f := &ev.Spec.Settlements[i]
+		if f.JobID != "" && undecided[f.JobID] {
+			// Whether this settlement conflicts depends on whether the job's completion
+			// is superseded: decide (once, for good) after that is known.
+			ops = append(ops, hooksv1alpha1.OperationStatus{Type: hooksv1alpha1.OperationBillingSettlement,
+				Key: f.SettlementKey, Outcome: hooksv1alpha1.OutcomePending,
+				Message: "waiting until the job's completion is recorded"})
+			continue
+		}
 		op, err := r.settlement(ctx, ev, f, recorded[string(hooksv1alpha1.OperationBillingSettlement)+"/"+f.SettlementKey],
 			f.JobID != "" && superseded[f.JobID])
 		errs = append(errs, err)
-		ops = append(ops, op)
+		ops = append(ops, withError(op, err))
 	}
 	ev.Status.Operations = ops
 	for _, err := range errs {
@@ -193,6 +204,15 @@ func childDeleted(prev hooksv1alpha1.OperationStatus) hooksv1alpha1.OperationSta
 // stateDeleted is mirrored for a child deleted after dispatch.
 const stateDeleted = "Deleted"
 
+// withError shows why an operation is still pending (an API error, a quota, a
+// refused create) instead of leaving "n of m done" unexplained.
+func withError(op hooksv1alpha1.OperationStatus, err error) hooksv1alpha1.OperationStatus {
+	if err != nil {
+		op.Message = truncateMessage("not dispatched yet: " + err.Error())
+	}
+	return op
+}
+
 func final(o hooksv1alpha1.OperationOutcome) bool {
 	return o != "" && o != hooksv1alpha1.OutcomePending && o != hooksv1alpha1.OutcomeFailed
 }
@@ -209,7 +229,10 @@ func (r *WebhookEventReconciler) jobCompletion(ctx context.Context, ev *hooksv1a
 	var jc hooksv1alpha1.JobCompletion
 	err := r.Get(ctx, key, &jc)
 	if apierrors.IsNotFound(err) && final(prev.Outcome) {
-		return childDeleted(prev), nil
+		// The cache may not have seen a child created moments ago: confirm live.
+		if err = r.APIReader.Get(ctx, key, &jc); apierrors.IsNotFound(err) {
+			return childDeleted(prev), nil
+		}
 	}
 	if apierrors.IsNotFound(err) {
 		jc = hooksv1alpha1.JobCompletion{
@@ -237,6 +260,11 @@ func (r *WebhookEventReconciler) jobCompletion(ctx context.Context, ev *hooksv1a
 		return op, fmt.Errorf("get jobcompletion %s: %w", name, err)
 	}
 	op.State = mirroredJobState(&jc)
+	if f.Version < jc.Spec.Completion.Version {
+		// A newer version replaced this event's: what happens to that one is not this
+		// event's story (its sink failing must not make this event PartiallyFailed).
+		op.State = string(hooksv1alpha1.JobCompletionSuperseded)
+	}
 	if final(prev.Outcome) {
 		op.Outcome, op.Message = prev.Outcome, prev.Message
 		return op, nil
@@ -296,7 +324,9 @@ func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alph
 	var bs hooksv1alpha1.BillingSettlement
 	err := r.Get(ctx, key, &bs)
 	if apierrors.IsNotFound(err) && final(prev.Outcome) {
-		return childDeleted(prev), nil
+		if err = r.APIReader.Get(ctx, key, &bs); apierrors.IsNotFound(err) {
+			return childDeleted(prev), nil
+		}
 	}
 	if apierrors.IsNotFound(err) {
 		err = r.Create(ctx, want)
@@ -320,7 +350,9 @@ func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alph
 	switch {
 	case !sameCharge(bs.Spec, want.Spec) && olderCompletion:
 		// An older completion reports other usage than the newer one already charged:
-		// the charge follows the newest report, so this is superseded, not a conflict.
+		// it is superseded, not a conflict. (If the older report arrived first, its
+		// usage was charged and the newer report's settlement is a Conflict for a
+		// human: a charge is never edited.)
 		op.Outcome = hooksv1alpha1.OutcomeSuperseded
 		op.Message = fmt.Sprintf("from an older completion of job %q; the settlement follows the newer report", f.JobID)
 	case !sameCharge(bs.Spec, want.Spec):

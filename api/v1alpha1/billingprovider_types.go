@@ -125,6 +125,12 @@ type BillingProviderStatus struct {
 	// +optional
 	LastReconciliation *metav1.Time `json:"lastReconciliation,omitempty"`
 
+	// providerListedUntil is the end of the last pass that walked the provider's
+	// records completely; the next pass lists from there (minus an overlap), so a failed
+	// or truncated walk never skips records.
+	// +optional
+	ProviderListedUntil *metav1.Time `json:"providerListedUntil,omitempty"`
+
 	// lastReport is the name of the latest ReconciliationReport.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253

@@ -157,6 +157,10 @@ func (in *BillingProviderStatus) DeepCopyInto(out *BillingProviderStatus) {
 		in, out := &in.LastReconciliation, &out.LastReconciliation
 		*out = (*in).DeepCopy()
 	}
+	if in.ProviderListedUntil != nil {
+		in, out := &in.ProviderListedUntil, &out.ProviderListedUntil
+		*out = (*in).DeepCopy()
+	}
 	if in.Conditions != nil {
 		in, out := &in.Conditions, &out.Conditions
 		*out = make([]v1.Condition, len(*in))

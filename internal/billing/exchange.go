@@ -181,6 +181,12 @@ func StatusError(resp Response, mutating bool, redact string) *Error {
 	case status == http.StatusRequestTimeout:
 		e.Class = Transient
 		e.Message = "the provider timed out reading the request and did not process it"
+	case status == http.StatusUnauthorized || status == http.StatusForbidden:
+		// Our credentials are wrong or were rotated: our configuration problem, not
+		// the settlement's. Retried (and dead-lettered only when the budget runs out),
+		// so fixing the token resumes everything without a mass replay.
+		e.Class = Transient
+		e.Message = "the provider refused our credentials (check the BillingProvider's token Secret)"
 	case status >= 400 && status < 500:
 		e.Class = Terminal
 		e.Message = "the provider rejected the request"

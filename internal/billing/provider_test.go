@@ -271,14 +271,15 @@ func TestProviderDown(t *testing.T) {
 	}
 }
 
-func TestWrongTokenIsTerminal(t *testing.T) {
+// A wrong token is our configuration problem: retried, never a dead-letter by itself.
+func TestWrongTokenIsTransient(t *testing.T) {
 	fake := startFake(t, fakebilling.Options{})
 	c, err := billing.NewHTTP(billing.HTTPConfig{Endpoint: fake.URL(), Token: "sk_wrong"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = c.Submit(context.Background(), chargeRequest(1))
-	wantError(t, err, billing.Terminal, "unauthorized")
+	wantError(t, err, billing.Transient, "unauthorized")
 	if n := len(fake.Records()); n != 0 {
 		t.Errorf("ledger has %d records after an unauthorized call", n)
 	}

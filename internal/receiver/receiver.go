@@ -379,7 +379,15 @@ func (r *Receiver) verify(ctx context.Context, p *hooksv1alpha1.WebhookProvider,
 	}
 	res, err := signature.Verify(cfg, secrets, h, body, r.opts.Now())
 	if errors.Is(err, signature.ErrSignatureMismatch) && !fresh {
-		if again, refreshed, gerr := r.secrets.get(apiCtx, key, true); gerr == nil && refreshed {
+		again, refreshed, gerr := r.secrets.get(apiCtx, key, true)
+		if gerr != nil {
+			// The sender may already sign with a key we could not load: our failure,
+			// so 503 and the sender retries, never a 401.
+			log.FromContext(ctx).Error(gerr, "refreshing the signing secret failed", "secret", key.Name)
+			return signature.Result{}, answer{code: http.StatusServiceUnavailable, outcome: OutcomeProviderNotReady,
+				message: "the provider's signing secret could not be refreshed; retry later", retryAfter: r.opts.RetryAfter}, false
+		}
+		if refreshed {
 			res, err = signature.Verify(cfg, again, h, body, r.opts.Now())
 		}
 	}
