@@ -186,7 +186,7 @@ func StatusError(resp Response, mutating bool, redact string) *Error {
 		// the settlement's. Retried (and dead-lettered only when the budget runs out),
 		// so fixing the token resumes everything without a mass replay.
 		e.Class = Transient
-		e.Message = "the provider refused our credentials (check the BillingProvider's token Secret)"
+		e.Message = "the peer refused our credentials (check the token Secret it is configured with)"
 	case status >= 400 && status < 500:
 		e.Class = Terminal
 		e.Message = "the provider rejected the request"

@@ -156,8 +156,9 @@ func TestApplyClassifiesFailures(t *testing.T) {
 	}
 
 	_, err = jobsink.New(sink.URL(), "wrong", time.Second, nil).Apply(ctx, key("job-1", 1), comp)
-	if e, ok := billing.AsError(err); !ok || e.Class != billing.Terminal || e.Code != "unauthorized" {
-		t.Fatalf("wrong token: got %v, want terminal unauthorized", err)
+	// A wrong token is our configuration problem: retried, not a terminal refusal.
+	if e, ok := billing.AsError(err); !ok || e.Class != billing.Transient || e.Code != "unauthorized" {
+		t.Fatalf("wrong token: got %v, want transient unauthorized", err)
 	}
 
 	for name, bad := range map[string]jobsink.Completion{
