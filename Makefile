@@ -79,7 +79,7 @@ E2E_SOAK ?= 45s
 .PHONY: test-e2e
 test-e2e: manifests generate ## Run the operator as real processes (2 replicas, leader election) through the failure matrix, kill -9, API server restarts and a soak.
 	@assets="$$(hack/setup-envtest.sh)"; \
-	KUBEBUILDER_ASSETS="$$assets" E2E_SOAK=$(E2E_SOAK) go test -tags e2e -count=1 -timeout 30m ./test/e2e/ -ginkgo.v
+	KUBEBUILDER_ASSETS="$$assets" E2E_SOAK=$(E2E_SOAK) go test -v -tags e2e -count=1 -timeout 30m ./test/e2e/ -ginkgo.v
 
 .PHONY: fuzz-smoke
 fuzz-smoke: ## Run every fuzz target for $(FUZZTIME).
