@@ -286,6 +286,11 @@ func (r *BillingSettlementReconciler) resolveCompensation(ctx context.Context, s
 
 // resolveProvider loads the BillingProvider and a client for it.
 func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *settlementScope) (ctrl.Result, bool, error) {
+	if s.client != nil {
+		// Already resolved in this reconcile (a reconcile request resolves it first):
+		// no second provider read and live Secret GET.
+		return ctrl.Result{}, false, nil
+	}
 	bs := s.bs
 	var bp hooksv1alpha1.BillingProvider
 	err := r.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: bs.Spec.BillingProviderRef}, &bp)
