@@ -38,6 +38,29 @@ const (
 	SettlementRequiresReconciliation SettlementState = "RequiresReconciliation"
 )
 
+// Exposure answers one question about a settlement: could money have moved under its
+// idempotency key at its provider? It is persisted before every call that could move
+// money and lowered only by an authoritative answer from the provider (docs/design.md
+// §11). Dead-letter eligibility, the deletion hold, the lookup before a submission and
+// "may resubmit directly" are all derived from it.
+// +kubebuilder:validation:Enum=None;Possible;Confirmed
+type Exposure string
+
+const (
+	// ExposureNone: nothing can have moved. The settlement was never sent, every
+	// attempt provably did not reach the provider, or the provider answered that it has
+	// nothing under the key. It may be sent directly and dead-lettered.
+	ExposureNone Exposure = "None"
+	// ExposurePossible: an attempt may have reached the provider (a call was made or was
+	// about to be made, a timeout, a 5xx, a crash mid-call), or the settlement may have
+	// been sent before it was created again. The provider is asked by key before
+	// anything else; it is never dead-lettered, deleted or sent anywhere else.
+	ExposurePossible Exposure = "Possible"
+	// ExposureConfirmed: the provider holds a record under the key that is ours
+	// (pending or settled). A pending one is polled until final.
+	ExposureConfirmed Exposure = "Confirmed"
+)
+
 // Condition types of BillingSettlement.
 const (
 	// ConditionSubmitted is True once the settlement has been sent to the provider.
@@ -67,6 +90,24 @@ const (
 	ReasonConfirmedByProvider  = "ConfirmedByProvider"
 	ReasonMismatchWithProvider = "MismatchWithProvider"
 	ReasonDeletionBlocked      = "DeletionBlocked"
+	// ReasonProviderChanged: the BillingProvider's endpoint, identity or credentials
+	// changed while money may have moved at the one the settlement was sent to; it is
+	// held (no call anywhere) until the provider points back there.
+	ReasonProviderChanged = "ProviderChanged"
+	// ReasonCompensationNotAllowed: a Refund or Void is held because sending it could
+	// move money wrongly (nothing charged, another customer or currency, more than
+	// what is left to refund, a Refund before the charge settled or a Void after).
+	ReasonCompensationNotAllowed = "CompensationNotAllowed"
+	// ReasonAwaitingLookup: the provider must answer a lookup by key before anything
+	// is sent, because an earlier attempt (or an earlier life of this settlement) may
+	// have moved money.
+	ReasonAwaitingLookup = "AwaitingLookup"
+	// ReasonDeletionAllowed: the finalizer is released because nothing can be pending
+	// at the provider under the key.
+	ReasonDeletionAllowed = "DeletionAllowed"
+	// ReasonInvalidIdentity: the settlement's name or idempotency key is not the one
+	// derived from its settlement key; it is never sent.
+	ReasonInvalidIdentity = "InvalidIdentity"
 )
 
 // BillingSettlementSpec is one logical financial operation. It is immutable: a
@@ -165,6 +206,51 @@ type SettlementError struct {
 	At metav1.Time `json:"at"`
 }
 
+// ProviderTarget is where a settlement's calls went: while money may have moved there,
+// it is never looked up or sent anywhere else.
+type ProviderTarget struct {
+	// endpoint is the BillingProvider's endpoint at the time of the call.
+	// +required
+	// +kubebuilder:validation:MaxLength=2048
+	Endpoint string `json:"endpoint"`
+
+	// billingProviderUID identifies the BillingProvider object: one deleted and
+	// created again under the same name may point at another account.
+	// +required
+	// +kubebuilder:validation:MaxLength=64
+	BillingProviderUID string `json:"billingProviderUID"`
+
+	// credentialsSecret names the Secret (and key) whose token was used: another
+	// Secret may hold another account's credentials. Rotating the token inside the
+	// same Secret is not a change.
+	// +required
+	// +kubebuilder:validation:MaxLength=512
+	CredentialsSecret string `json:"credentialsSecret"`
+}
+
+// ProviderDisagreement records that the provider holds something under our key that is
+// not provably this settlement: it is then never adopted from that provider (not by a
+// lookup, a replay, a reconcile request or a reconciliation pass) until the provider
+// answers that it has nothing under the key.
+type ProviderDisagreement struct {
+	// reason is MismatchWithProvider (a field differs), MissingField (the record lacks
+	// a field we sent, so it proves nothing) or IdempotencyKeyReused (the provider
+	// called our request a different one).
+	// +required
+	// +kubebuilder:validation:MaxLength=64
+	Reason string `json:"reason"`
+
+	// field names what differed or was missing (e.g. "amount", "usage.meter"); values
+	// are never copied here, they may be another tenant's.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Field string `json:"field,omitempty"`
+
+	// at is when the provider said so.
+	// +required
+	At metav1.Time `json:"at"`
+}
+
 // ReplayStatus records replays requested through the replay annotation.
 type ReplayStatus struct {
 	// lastToken is the replay annotation value last acted on.
@@ -216,10 +302,29 @@ type BillingSettlementStatus struct {
 	// +optional
 	FirstSubmittedAt *metav1.Time `json:"firstSubmittedAt,omitempty"`
 
-	// outcomeUnknown is true while an attempt may have reached the provider without
-	// its answer arriving (a timeout, a 5xx, a crash mid-call). The provider is then
-	// asked by key before anything else, and the settlement is never dead-lettered
-	// while it is true: only the provider's answer clears it.
+	// exposure says whether money could have moved under the key at the provider:
+	// None, Possible or Confirmed (see docs/design.md §11). It is written before every
+	// call that could move money and lowered only by the provider's authoritative
+	// answer.
+	// +optional
+	Exposure Exposure `json:"exposure,omitempty"`
+
+	// sentTo is where the settlement's provider calls went while exposure was raised.
+	// +optional
+	SentTo *ProviderTarget `json:"sentTo,omitempty"`
+
+	// failures counts provider calls (submissions, lookups, polls) that failed since the
+	// last answer; every retry backs off exponentially from it.
+	// +optional
+	Failures int32 `json:"failures,omitempty"`
+
+	// disagreement is set when the provider holds a record under the key that is not
+	// provably this settlement; it is never adopted while set.
+	// +optional
+	Disagreement *ProviderDisagreement `json:"disagreement,omitempty"`
+
+	// outcomeUnknown is deprecated: exposure replaced it. It is read only to migrate a
+	// settlement written by an older operator (true means exposure Possible).
 	// +optional
 	OutcomeUnknown bool `json:"outcomeUnknown,omitempty"`
 
@@ -283,6 +388,7 @@ type BillingSettlementStatus struct {
 // +kubebuilder:printcolumn:name="Unit",type=string,JSONPath=`.spec.usage.unit`,priority=1
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
 // +kubebuilder:printcolumn:name="Attempts",type=integer,JSONPath=`.status.attempts`
+// +kubebuilder:printcolumn:name="Exposure",type=string,JSONPath=`.status.exposure`,priority=1,description="Could money have moved under the key: None, Possible, Confirmed"
 // +kubebuilder:printcolumn:name="Provider-Ref",type=string,JSONPath=`.status.providerRef`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,description="Why it is in its state (the Ready condition's reason)"
 // +kubebuilder:printcolumn:name="Key",type=string,JSONPath=`.spec.settlementKey`,priority=1

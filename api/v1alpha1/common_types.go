@@ -28,6 +28,14 @@ const (
 	// dispatched again. Users may set it too.
 	AnnotationReconcileRequest = "hooks.settlement.dev/reconcile-request"
 
+	// AnnotationFreshForJob is set by the operator on a settlement it creates in the
+	// same dispatch that first created the job's JobCompletion, to the JobCompletion's
+	// UID: the job was never seen before, so nothing can have been sent under the
+	// settlement's key, and the first submission needs no lookup. The controller
+	// checks it against the JobCompletion (same UID, created together); a copy on a
+	// settlement created again later proves nothing and is ignored.
+	AnnotationFreshForJob = "hooks.settlement.dev/fresh-for-job"
+
 	// FinalizerSettlementProtection blocks deletion of a BillingSettlement whose outcome
 	// at the provider is unknown, so a charge can never lose its local record.
 	FinalizerSettlementProtection = "hooks.settlement.dev/settlement-protection"

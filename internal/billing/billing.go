@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/big"
 	"strings"
 	"time"
 )
@@ -102,10 +103,16 @@ type Record struct {
 	Customer string
 	// Type is TypeCharge, TypeRefund or TypeVoid.
 	Type string
+	// Reverses is the settlement key a refund or void compensates ("" for a charge).
+	Reverses string
 	// Usage is the billed usage, if any.
 	Usage *Usage
 	// Amount is the billed amount, if any.
 	Amount *Amount
+	// Omitted lists the contract's record fields the provider left out of its answer
+	// (wire names, e.g. "amount", "reverses"). A record that omits a field we sent
+	// proves nothing about it: see Match.
+	Omitted []string
 	// CreatedAt is when the provider created the record (zero when it did not say);
 	// List orders and filters by it.
 	CreatedAt time.Time
@@ -227,4 +234,93 @@ func AsError(err error) (*Error, bool) {
 		return e, true
 	}
 	return nil, false
+}
+
+// Mismatch says why a provider's record is not provably the operation we asked for.
+// It names the field, never its values: the record may be another tenant's.
+type Mismatch struct {
+	// Field is the contract's name of what differed or was missing, e.g. "customer",
+	// "amount.currency", "usage.meter".
+	Field string
+	// Missing is true when the provider did not return the field at all.
+	Missing bool
+}
+
+// String reads "customer differs" or "amount is missing".
+func (m Mismatch) String() string {
+	if m.Missing {
+		return m.Field + " is missing from the provider's record"
+	}
+	return m.Field + " differs at the provider"
+}
+
+// Match fails closed: rec is the operation r only if every field we send is present
+// in rec and equal. A lookup record that lacks a field (a provider that answers only
+// id and status) is not proof that what it holds under our key is what we asked for,
+// so it must never be adopted. Amounts a provider computed for a usage-priced request
+// (no amount sent) are not compared: they are the provider's to decide.
+func Match(r Request, rec Record) (Mismatch, bool) {
+	omitted := map[string]bool{}
+	for _, f := range rec.Omitted {
+		omitted[f] = true
+	}
+	check := func(field string, present bool, equal bool) (Mismatch, bool) {
+		if !present || omitted[field] {
+			return Mismatch{Field: field, Missing: true}, false
+		}
+		if !equal {
+			return Mismatch{Field: field}, false
+		}
+		return Mismatch{}, true
+	}
+	checks := []func() (Mismatch, bool){
+		func() (Mismatch, bool) {
+			return check("idempotency_key", rec.IdempotencyKey != "", rec.IdempotencyKey == r.IdempotencyKey)
+		},
+		func() (Mismatch, bool) {
+			return check("settlement_key", rec.SettlementKey != "", rec.SettlementKey == r.SettlementKey)
+		},
+		func() (Mismatch, bool) { return check("type", rec.Type != "", rec.Type == r.Type) },
+		func() (Mismatch, bool) { return check("customer", rec.Customer != "", rec.Customer == r.Customer) },
+		func() (Mismatch, bool) { return check("reverses", true, rec.Reverses == r.Reverses) },
+	}
+	if r.Amount != nil {
+		checks = append(checks,
+			func() (Mismatch, bool) {
+				return check("amount", rec.Amount != nil, true)
+			},
+			func() (Mismatch, bool) {
+				return check("amount.minor", true, rec.Amount.Minor == r.Amount.Minor)
+			},
+			func() (Mismatch, bool) {
+				return check("amount.currency", rec.Amount.Currency != "", rec.Amount.Currency == r.Amount.Currency)
+			})
+	}
+	if r.Usage != nil {
+		checks = append(checks,
+			func() (Mismatch, bool) { return check("usage", rec.Usage != nil, true) },
+			func() (Mismatch, bool) {
+				return check("usage.meter", rec.Usage.Meter != "", rec.Usage.Meter == r.Usage.Meter)
+			},
+			func() (Mismatch, bool) {
+				return check("usage.quantity", rec.Usage.Quantity != "", SameQuantity(rec.Usage.Quantity, r.Usage.Quantity))
+			},
+			func() (Mismatch, bool) { return check("usage.unit", true, rec.Usage.Unit == r.Usage.Unit) })
+	}
+	for _, c := range checks {
+		if m, ok := c(); !ok {
+			return m, false
+		}
+	}
+	return Mismatch{}, true
+}
+
+// SameQuantity compares two decimal quantities by value ("12.50" equals "12.5").
+func SameQuantity(a, b string) bool {
+	x, ok1 := new(big.Rat).SetString(a)
+	y, ok2 := new(big.Rat).SetString(b)
+	if !ok1 || !ok2 {
+		return a == b
+	}
+	return x.Cmp(y) == 0
 }

@@ -145,6 +145,7 @@ type wireRequest struct {
 }
 
 type wireRecord struct {
+	Reverses       *string     `json:"reverses"`
 	ID             string      `json:"id"`
 	Status         string      `json:"status"`
 	FailureReason  string      `json:"failure_reason"`
@@ -223,11 +224,19 @@ func encodeRequest(r Request) ([]byte, error) {
 	return body, nil
 }
 
+// recordFields are the §6.1 record fields a lookup must return for its record to be
+// compared with what we sent (docs/design.md §6.1, README "HTTP contract").
+var recordFields = []string{"idempotency_key", "settlement_key", "type", "reverses", "customer", "usage", "amount"}
+
 // decodeRecord parses one provider record. A record without an ID or with a status
 // outside §6.1 is unusable: the caller could not act on it.
 func decodeRecord(raw []byte) (Record, error) {
 	var w wireRecord
 	if err := json.Unmarshal(raw, &w); err != nil {
+		return Record{}, fmt.Errorf("decode record: %w", err)
+	}
+	var present map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &present); err != nil {
 		return Record{}, fmt.Errorf("decode record: %w", err)
 	}
 	if w.ID == "" {
@@ -246,6 +255,15 @@ func decodeRecord(raw []byte) (Record, error) {
 		IdempotencyKey: w.IdempotencyKey,
 		Customer:       w.Customer,
 		Type:           w.Type,
+	}
+	if w.Reverses != nil {
+		rec.Reverses = *w.Reverses
+	}
+	// What the provider left out: for a charge "reverses" is null, which is present.
+	for _, f := range recordFields {
+		if _, ok := present[f]; !ok {
+			rec.Omitted = append(rec.Omitted, f)
+		}
 	}
 	if w.Usage != nil {
 		rec.Usage = &Usage{Meter: w.Usage.Meter, Quantity: w.Usage.Quantity.String(), Unit: w.Usage.Unit}
@@ -344,9 +362,16 @@ func (c *httpClient) submit(ctx context.Context, r Request) (Record, error) {
 	return rec, nil
 }
 
-// fillFromRequest completes a minimal §6.1 reply ({"id","status","failure_reason"})
-// with what we sent, so callers always get a full Record.
+// fillFromRequest completes a minimal §6.1 POST reply ({"id","status",
+// "failure_reason"}) with what we sent. A 2xx to our POST is the provider's word that
+// it compared our parameters with what it holds under the key (a different request
+// is a 422), so the reply is proof; fields it did return are still compared by Match.
+// A lookup's record is never filled: a GET compares nothing.
 func fillFromRequest(rec *Record, r Request) {
+	rec.Omitted = nil
+	if rec.Reverses == "" {
+		rec.Reverses = r.Reverses
+	}
 	if rec.SettlementKey == "" {
 		rec.SettlementKey = r.SettlementKey
 	}

@@ -1,6 +1,7 @@
 package fakebilling
 
 import (
+	"bufio"
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"math"
 	"mime"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -168,6 +170,42 @@ func writeError(w http.ResponseWriter, status int, code, message string) {
 }
 
 func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request) {
+	rw := &statusRecorder{ResponseWriter: w}
+	defer func() { s.logCall(http.MethodPost, r.Header.Get("Idempotency-Key"), rw.status) }()
+	s.submit(rw, r)
+}
+
+// statusRecorder remembers the status a handler wrote (0 when it hijacked the
+// connection), for the call log.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusRecorder) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusRecorder) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Hijack lets commit-then-timeout hold the connection through the recorder.
+func (w *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	hj, ok := w.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, errors.New("fake billing: connection cannot be hijacked")
+	}
+	return hj.Hijack()
+}
+
+func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	s.count(func(c *CallCounts) { c.Posts++ })
 	if !s.authorized(r) {
 		writeError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token")
@@ -276,16 +314,49 @@ func (s *Server) lookup(key string) (WireRecord, bool) {
 
 func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
 	s.count(func(c *CallCounts) { c.Gets++ })
+	key := r.PathValue("key")
+	status := http.StatusOK
+	defer func() { s.logCall(http.MethodGet, key, status) }()
 	if !s.authorized(r) {
-		writeError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token")
+		status = http.StatusUnauthorized
+		writeError(w, status, "unauthorized", "missing or wrong bearer token")
 		return
 	}
-	rec, ok := s.lookup(r.PathValue("key"))
+	if f := s.nextLookupFault(); f != nil {
+		status = f.status
+		writeError(w, status, "lookup_failed", "failed by fault injection")
+		return
+	}
+	rec, ok := s.lookup(key)
 	if !ok {
-		writeError(w, http.StatusNotFound, "not_found", "no settlement with this idempotency key")
+		status = http.StatusNotFound
+		writeError(w, status, "not_found", "no settlement with this idempotency key")
 		return
 	}
-	writeJSON(w, http.StatusOK, rec)
+	if s.minimalLookups() {
+		writeJSON(w, status, map[string]string{"id": rec.ID, "status": rec.Status,
+			"idempotency_key": rec.IdempotencyKey, "settlement_key": rec.SettlementKey})
+		return
+	}
+	writeJSON(w, status, rec)
+}
+
+func (s *Server) nextLookupFault() *fault {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.lookupFaults) == 0 {
+		return nil
+	}
+	f := s.lookupFaults[0]
+	s.lookupFaults = s.lookupFaults[1:]
+	s.calls.Faults++
+	return &f
+}
+
+func (s *Server) minimalLookups() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.minimal
 }
 
 // cursor positions List after one record, by the ledger's sort key, so pages stay

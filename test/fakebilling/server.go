@@ -67,12 +67,19 @@ type Server struct {
 	opts    Options
 	handler http.Handler
 
-	mu       sync.Mutex
-	byKey    map[string]*entry // idempotency key -> ledger entry
-	inFlight map[string]bool   // idempotency keys being processed right now
-	faults   []fault           // consumed one per POST, in the order they were queued
-	calls    CallCounts
-	seq      int64
+	mu    sync.Mutex
+	byKey map[string]*entry // idempotency key -> ledger entry
+	// forgotten holds entries whose key the provider no longer deduplicates (its
+	// idempotency window passed, see ForgetKeys): they still count as charges, and a
+	// lookup by key still finds the newest entry of a key.
+	forgotten    []*entry
+	lookupFaults []fault         // consumed one per GET /settlements/{key}
+	minimal      bool            // lookups answer only id, status and the keys (see MinimalLookups)
+	log          []Call          // every §6.1 call, in order
+	inFlight     map[string]bool // idempotency keys being processed right now
+	faults       []fault         // consumed one per POST, in the order they were queued
+	calls        CallCounts
+	seq          int64
 
 	netMu   sync.Mutex // guards the listener lifecycle below
 	addr    string     // resolved host:port, reused when coming back up
@@ -264,6 +271,78 @@ func (s *Server) Calls() CallCounts {
 	return s.calls
 }
 
+// Call is one §6.1 request as the fake saw it, for tests whose assertion is the order
+// of what reached the provider (e.g. "no POST before a lookup answered").
+type Call struct {
+	// Method is POST (submit) or GET (lookup or list).
+	Method string
+	// Key is the Idempotency-Key of a POST or the key of a lookup; "" for a list.
+	Key string
+	// Status is the HTTP status the fake answered (0 when it held the connection).
+	Status int
+}
+
+// CallLog returns every §6.1 call so far, in arrival order.
+func (s *Server) CallLog() []Call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Call(nil), s.log...)
+}
+
+// CallsFor returns the calls for one idempotency key, in order.
+func (s *Server) CallsFor(key string) []Call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Call
+	for _, c := range s.log {
+		if c.Key == key {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (s *Server) logCall(method, key string, status int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.log = append(s.log, Call{Method: method, Key: key, Status: status})
+}
+
+// ForgetKeys makes the provider forget every key it knows for deduplication, as one
+// whose idempotency window has passed: a POST with a known key then creates a second
+// record (a second charge), while a lookup by key still finds the record. This is the
+// world in which only asking before resubmitting prevents a double charge.
+func (s *Server) ForgetKeys() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, e := range s.byKey {
+		s.forgotten = append(s.forgotten, e)
+		delete(s.byKey, k)
+	}
+}
+
+// FailNextLookups makes the next n GET /settlements/{key} answer status (0 means
+// 503) without looking anything up; 403 models a token without read scope.
+func (s *Server) FailNextLookups(n int, status int) {
+	if status == 0 {
+		status = http.StatusServiceUnavailable
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.lookupFaults = append(s.lookupFaults, fault{kind: faultFail, status: status})
+	}
+}
+
+// MinimalLookups makes lookups answer only id, status, idempotency_key and
+// settlement_key, like a provider whose GET omits the amount and usage: such a record
+// proves nothing about what was charged.
+func (s *Server) MinimalLookups(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.minimal = on
+}
+
 // Records returns the ledger in creation order (created_at, then arrival).
 func (s *Server) Records() []billing.Record {
 	s.mu.Lock()
@@ -282,7 +361,7 @@ func (s *Server) Charges(settlementKey string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
-	for _, e := range s.byKey {
+	for _, e := range s.allLocked() {
 		if e.SettlementKey == settlementKey {
 			n++
 		}
@@ -290,12 +369,21 @@ func (s *Server) Charges(settlementKey string) int {
 	return n
 }
 
+// allLocked is every ledger entry, forgotten keys included. mu must be held.
+func (s *Server) allLocked() []*entry {
+	out := make([]*entry, 0, len(s.byKey)+len(s.forgotten))
+	for _, e := range s.byKey {
+		out = append(out, e)
+	}
+	return append(out, s.forgotten...)
+}
+
 // chargeCounts is Charges for every settlement key, for the admin ledger.
 func (s *Server) chargeCounts() map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[string]int{}
-	for _, e := range s.byKey {
+	for _, e := range s.allLocked() {
 		out[e.SettlementKey]++
 	}
 	return out
@@ -313,7 +401,7 @@ func (s *Server) SetStatus(settlementKey, status, reason string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
-	for _, e := range s.byKey {
+	for _, e := range s.allLocked() {
 		if e.SettlementKey == settlementKey {
 			e.Status, e.FailureReason, e.autoSettle = status, reason, false
 			n++
@@ -376,10 +464,7 @@ func (s *Server) Import(rec billing.Record) error {
 
 // sortedLocked returns the ledger in List order. mu must be held.
 func (s *Server) sortedLocked() []*entry {
-	out := make([]*entry, 0, len(s.byKey))
-	for _, e := range s.byKey {
-		out = append(out, e)
-	}
+	out := s.allLocked()
 	sort.Slice(out, func(i, j int) bool { return out[i].before(out[j]) })
 	return out
 }
