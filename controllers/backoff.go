@@ -9,32 +9,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 )
-
-// backoff is the delay before attempt+1: initial doubled per attempt, capped at max,
-// with up to 20% jitter so retries of many records after one outage spread out
-// instead of arriving at the provider together.
-func backoff(attempt int32, initial, max time.Duration) time.Duration {
-	if attempt < 1 {
-		attempt = 1
-	}
-	d := initial
-	for i := int32(1); i < attempt && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	d = wait.Jitter(d, 0.2)
-	if d > max {
-		d = max
-	}
-	return d
-}
 
 // durationOr returns d's value, or def when d is unset or zero (the API server
 // defaults these fields, but a zero must never mean "retry in a tight loop").

@@ -3,10 +3,11 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/equality"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -57,13 +58,12 @@ func (r *JobCompletionReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	}
 	before := jc.DeepCopy()
 	defer func() {
-		if !equality.Semantic.DeepEqual(before.Status, jc.Status) {
-			if perr := r.Status().Patch(ctx, &jc, client.MergeFrom(before)); perr != nil && err == nil {
-				err = fmt.Errorf("patch status of jobcompletion %s: %w", req.NamespacedName, perr)
-			}
-			if before.Status.State != jc.Status.State {
-				jobTransitions.WithLabelValues(string(jc.Status.State)).Inc()
-			}
+		wrote, perr := patchStatus(ctx, r.Client, &jc, before, false)
+		if perr != nil && err == nil {
+			err = perr
+		}
+		if wrote && before.Status.State != jc.Status.State {
+			jobTransitions.WithLabelValues(string(jc.Status.State)).Inc()
 		}
 	}()
 	return r.reconcile(ctx, &jc)
@@ -134,7 +134,7 @@ func (r *JobCompletionReconciler) reconcile(ctx context.Context, jc *hooksv1alph
 				hooksv1alpha1.ReasonSinkRejected, "the sink refused version "+strconv.FormatInt(v, 10)+": "+truncateMessage(e.Error()))
 			setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 				hooksv1alpha1.ReasonSinkRejected, "terminal: fix the sink or the job and report a newer version")
-			r.Recorder.Eventf(jc, nil, "Warning", hooksv1alpha1.ReasonSinkRejected, "Apply", "sink refused version %d: %s", v, e.Code)
+			r.Recorder.Eventf(jc, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonSinkRejected, "Apply", "sink refused version %d: %s", v, e.Code)
 			return ctrl.Result{}, nil
 		}
 		var after time.Duration
@@ -153,7 +153,7 @@ func (r *JobCompletionReconciler) reconcile(ctx context.Context, jc *hooksv1alph
 			hooksv1alpha1.ReasonVersionSuperseded, msg)
 		setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
 			hooksv1alpha1.ReasonVersionSuperseded, msg)
-		r.Recorder.Eventf(jc, nil, "Normal", hooksv1alpha1.ReasonVersionSuperseded, "Apply", "%s", msg)
+		r.Recorder.Eventf(jc, nil, corev1.EventTypeNormal, hooksv1alpha1.ReasonVersionSuperseded, "Apply", "%s", msg)
 	case jobsink.Deferred:
 		return r.defer404(jc, sink)
 	}
@@ -182,13 +182,18 @@ func (r *JobCompletionReconciler) applied(jc *hooksv1alpha1.JobCompletion, v int
 	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue, hooksv1alpha1.ReasonVersionApplied, msg)
 }
 
+// The job sink's retry policies, carried out by the same backoff code as a
+// settlement's (settlement_decision.go: exponential, jittered downward, Retry-After
+// capped at twice the maximum).
+var (
+	sinkRetryPolicy = retryPolicy{initial: time.Second, max: 5 * time.Minute}
+	sinkDeferPolicy = retryPolicy{initial: 2 * time.Second, max: time.Minute}
+)
+
 func (r *JobCompletionReconciler) retry(jc *hooksv1alpha1.JobCompletion, msg string, retryAfter time.Duration) (ctrl.Result, error) {
 	st := &jc.Status
 	st.LastError = truncateMessage(msg)
-	wait := backoff(st.Attempts, time.Second, 5*time.Minute)
-	if retryAfter > wait {
-		wait = retryAfter
-	}
+	wait := retryWait(st.Attempts, sinkRetryPolicy, retryAfter, rand.Float64())
 	next := metav1.NewTime(r.now().Add(wait))
 	st.NextAttemptAt = &next
 	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse,
@@ -204,7 +209,7 @@ func (r *JobCompletionReconciler) defer404(jc *hooksv1alpha1.JobCompletion, sink
 	if st.DeferredSince == nil {
 		t := metav1.NewTime(now)
 		st.DeferredSince = &t
-		r.Recorder.Eventf(jc, nil, "Normal", hooksv1alpha1.ReasonSinkDeferred, "Apply",
+		r.Recorder.Eventf(jc, nil, corev1.EventTypeNormal, hooksv1alpha1.ReasonSinkDeferred, "Apply",
 			"the sink does not know job %q yet; retrying until the defer deadline", jc.Spec.JobID)
 	}
 	deadline := st.DeferredSince.Add(durationOr(sink.DeferDeadline, time.Hour))
@@ -213,11 +218,11 @@ func (r *JobCompletionReconciler) defer404(jc *hooksv1alpha1.JobCompletion, sink
 		msg := fmt.Sprintf("the sink still did not know job %q at the defer deadline (%s)", jc.Spec.JobID, deadline.UTC().Format(time.RFC3339))
 		setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse, hooksv1alpha1.ReasonDeadlineExceeded, msg)
 		setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonDeadlineExceeded, msg)
-		r.Recorder.Eventf(jc, nil, "Warning", hooksv1alpha1.ReasonDeadlineExceeded, "Apply", "%s", msg)
+		r.Recorder.Eventf(jc, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonDeadlineExceeded, "Apply", "%s", msg)
 		return ctrl.Result{}, nil
 	}
 	st.State, st.LastError = hooksv1alpha1.JobCompletionDeferred, ""
-	wait := backoff(st.Attempts, 2*time.Second, time.Minute)
+	wait := retryWait(st.Attempts, sinkDeferPolicy, 0, rand.Float64())
 	if left := deadline.Sub(now); wait > left {
 		wait = left
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -399,7 +400,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 						rec.Type, rec.Status, rec.IdempotencyKey, rec.SettlementKey)})
 				continue
 			}
-			if why := RecordMismatch(bs, rec); why != "" {
+			if why := r.notProvablyOurs(ctx, bs, rec); why != "" {
 				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyAmountMismatch, Object: "BillingSettlement/" + bs.Name,
 					ProviderRef: rec.ID, Action: hooksv1alpha1.RepairManualReview, Message: why})
 				continue
@@ -441,6 +442,11 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 			return fmt.Errorf("look up %s: %w", bs.Spec.IdempotencyKey, err)
 		}
 		if found && rec.Status == billing.StatusSettled {
+			if why := r.notProvablyOurs(ctx, bs, rec); why != "" {
+				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyAmountMismatch, Object: "BillingSettlement/" + bs.Name,
+					ProviderRef: rec.ID, Action: hooksv1alpha1.RepairManualReview, Message: why})
+				continue
+			}
 			r.markReconciled(ctx, bs, rec, now)
 			continue
 		}
@@ -453,6 +459,26 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 			Message: fmt.Sprintf("settled locally as %s, but the provider has %s under key %s", bs.Status.ProviderRef, state, bs.Spec.IdempotencyKey)})
 	}
 	return nil
+}
+
+// notProvablyOurs says why a provider record under a settlement's key cannot confirm
+// it ("" when it can): a field that differs or is missing (fail closed), or an earlier
+// disagreement the settlement recorded. It names fields, never another record's values.
+func (r *BillingProviderReconciler) notProvablyOurs(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, rec billing.Record) string {
+	if d := bs.Status.Disagreement; d != nil {
+		return fmt.Sprintf("the provider's record %s is not confirmed: the settlement recorded a disagreement (%s %s)", rec.ID, d.Reason, d.Field)
+	}
+	reverses := ""
+	if bs.Spec.Reverses != "" {
+		var orig hooksv1alpha1.BillingSettlement
+		if err := r.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: bs.Spec.Reverses}, &orig); err == nil {
+			reverses = orig.Spec.SettlementKey
+		}
+	}
+	if m, ok := RecordMatches(bs, reverses, rec); !ok {
+		return fmt.Sprintf("the provider's record %s under key %s is not provably this settlement: %s", rec.ID, bs.Spec.IdempotencyKey, m)
+	}
+	return ""
 }
 
 func orNew(s hooksv1alpha1.SettlementState) string {

@@ -105,6 +105,9 @@ const (
 	// ReasonDeletionAllowed: the finalizer is released because nothing can be pending
 	// at the provider under the key.
 	ReasonDeletionAllowed = "DeletionAllowed"
+	// ReasonMissingField: the provider's record under our key lacks a field we sent,
+	// so it proves nothing about what was charged; it is not adopted.
+	ReasonMissingField = "MissingField"
 	// ReasonInvalidIdentity: the settlement's name or idempotency key is not the one
 	// derived from its settlement key; it is never sent.
 	ReasonInvalidIdentity = "InvalidIdentity"

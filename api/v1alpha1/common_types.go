@@ -56,6 +56,9 @@ const (
 	ReasonSecretInvalid    = "SecretInvalid"
 	ReasonReconciling      = "Reconciling"
 	ReasonAPIServerFailure = "APIServerFailure"
+	// ReasonBillingProviderNotReady: a record waits for its BillingProvider or the
+	// provider's credentials.
+	ReasonBillingProviderNotReady = "BillingProviderNotReady"
 )
 
 // SecretReference names a Secret in the same namespace as the referring object.

@@ -1,0 +1,501 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
+)
+
+// The phases of a settlement reconcile, in the order Reconcile runs them. Each reads
+// and changes s.bs.Status in memory; the deferred patch writes it once.
+
+// freshWindow bounds how far apart a settlement and its job's JobCompletion may have
+// been created for the settlement to count as created in the same dispatch.
+const freshWindow = time.Minute
+
+// waitForReference is how long a settlement waits before looking again for an
+// object it needs (its BillingProvider, the settlement it reverses).
+const waitForReference = 30 * time.Second
+
+// observeGeneration stamps the generation and gives a new settlement its first state.
+func (r *BillingSettlementReconciler) observeGeneration(_ context.Context, s *settlementScope) (ctrl.Result, error) {
+	bs, st := s.bs, &s.bs.Status
+	st.ObservedGeneration = bs.Generation
+	if st.State == "" {
+		st.State = hooksv1alpha1.SettlementPending
+		r.cond(bs, hooksv1alpha1.ConditionSubmitted, metav1.ConditionFalse, hooksv1alpha1.ReasonAwaitingSubmission, "not sent to the provider yet")
+		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonAwaitingSubmission, "not sent to the provider yet")
+	}
+	return ctrl.Result{}, nil
+}
+
+// initExposure gives a settlement its first exposure. Only a settlement the operator
+// created together with its job's first JobCompletion — a job never seen before, so
+// nothing can have been sent under the key — starts at None and is sent directly.
+// Anything else (created again by hand or by a runbook, by a redelivery after its
+// record was deleted, or written by an older operator) starts at Possible: the
+// provider must answer a lookup by key before the first submission.
+func (r *BillingSettlementReconciler) initExposure(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
+	st := &s.bs.Status
+	if st.Exposure != "" {
+		return ctrl.Result{}, nil
+	}
+	if st.FirstSubmittedAt != nil || st.OutcomeUnknown || st.State != hooksv1alpha1.SettlementPending {
+		st.Exposure = EffectiveExposure(st) // written by an older operator
+		return ctrl.Result{}, nil
+	}
+	fresh, err := r.createdWithItsJob(ctx, s.bs)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	st.Exposure = hooksv1alpha1.ExposurePossible
+	if fresh {
+		st.Exposure = hooksv1alpha1.ExposureNone
+	}
+	return ctrl.Result{}, nil
+}
+
+// createdWithItsJob checks the fresh-for-job annotation against the JobCompletion it
+// names: same UID, same job, created within freshWindow of the settlement, and the
+// settlement's key is that job's default key. A copied annotation on a settlement
+// created again later fails the time check.
+func (r *BillingSettlementReconciler) createdWithItsJob(ctx context.Context, bs *hooksv1alpha1.BillingSettlement) (bool, error) {
+	v := bs.Annotations[hooksv1alpha1.AnnotationFreshForJob]
+	name, uid, ok := strings.Cut(v, "/")
+	if !ok || bs.Spec.JobID == "" || bs.Spec.WebhookProvider == "" ||
+		bs.Spec.SettlementKey != identity.DefaultSettlementKey(bs.Spec.WebhookProvider, bs.Spec.JobID) {
+		return false, nil
+	}
+	var jc hooksv1alpha1.JobCompletion
+	if err := r.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: name}, &jc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("get jobcompletion %s: %w", name, err)
+	}
+	apart := bs.CreationTimestamp.Sub(jc.CreationTimestamp.Time)
+	return string(jc.UID) == uid && jc.Spec.JobID == bs.Spec.JobID && apart >= -freshWindow && apart <= freshWindow, nil
+}
+
+// handleReplay acts on a new value of the replay annotation: a Failed or
+// RequiresReconciliation settlement resumes through the normal path with the same key
+// and a fresh retry budget; exposure is kept, so one that may have charged is asked by
+// key first. Any other state only records that nothing was to do.
+func (r *BillingSettlementReconciler) handleReplay(_ context.Context, s *settlementScope) (ctrl.Result, error) {
+	bs := s.bs
+	token := truncateToken(bs.Annotations[hooksv1alpha1.AnnotationReplay])
+	if token == "" || (bs.Status.Replay != nil && bs.Status.Replay.LastToken == token) {
+		return ctrl.Result{}, nil
+	}
+	st := &bs.Status
+	if st.Replay == nil {
+		st.Replay = &hooksv1alpha1.ReplayStatus{}
+	}
+	st.Replay.LastToken = token
+	switch st.State {
+	case hooksv1alpha1.SettlementFailed, hooksv1alpha1.SettlementRequiresReconciliation:
+	default:
+		r.Recorder.Eventf(bs, nil, corev1.EventTypeNormal, hooksv1alpha1.ReasonReplayed, "Replay",
+			"replay %q ignored: the settlement is %s, not Failed or RequiresReconciliation", token, st.State)
+		return ctrl.Result{}, nil
+	}
+	now := metav1.NewTime(s.now)
+	st.Replay.Count++
+	st.Replay.LastAt = &now
+	st.Replay.AttemptsBefore = st.Attempts
+	from := st.State
+	st.State = hooksv1alpha1.SettlementPending
+	if st.FirstSubmittedAt != nil {
+		st.State = hooksv1alpha1.SettlementSubmitted
+	}
+	st.LastError, st.NextAttemptAt, st.Failures = nil, nil, 0
+	r.cond(bs, hooksv1alpha1.ConditionDeadLettered, metav1.ConditionFalse, hooksv1alpha1.ReasonReplayed,
+		fmt.Sprintf("replay %q resumed it from %s with the same idempotency key", token, from))
+	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonReplayed,
+		"replayed with the same key (exposure "+string(EffectiveExposure(st))+")")
+	r.Recorder.Eventf(bs, nil, corev1.EventTypeNormal, hooksv1alpha1.ReasonReplayed, "Replay",
+		"replay %q: resuming from %s with key %s", token, from, bs.Spec.IdempotencyKey)
+	return ctrl.Result{}, nil
+}
+
+// handleReconcileRequest notes a new reconcile-request annotation (set by a
+// reconciliation pass or a user): the settlement asks its provider by key now,
+// whatever its state or backoff, and adopts a final answer that is provably its own.
+// The token is recorded once the provider answered (see drive).
+func (r *BillingSettlementReconciler) handleReconcileRequest(_ context.Context, s *settlementScope) (ctrl.Result, error) {
+	st := &s.bs.Status
+	token := truncateToken(s.bs.Annotations[hooksv1alpha1.AnnotationReconcileRequest])
+	if token == "" || token == st.ReconcileRequest {
+		return ctrl.Result{}, nil
+	}
+	if st.State == hooksv1alpha1.SettlementSettled {
+		st.ReconcileRequest = token
+		return ctrl.Result{}, nil
+	}
+	s.forceLookup, s.reconcileToken = true, token
+	return ctrl.Result{}, nil
+}
+
+// updateReversedBy lists the compensations that reverse this settlement.
+func (r *BillingSettlementReconciler) updateReversedBy(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
+	var l hooksv1alpha1.BillingSettlementList
+	if err := r.List(ctx, &l, client.InNamespace(s.bs.Namespace), client.MatchingFields{IndexSettlementReverses: s.bs.Name}); err != nil {
+		return ctrl.Result{}, fmt.Errorf("list compensations of %s: %w", s.bs.Name, err)
+	}
+	var names []string
+	for _, c := range l.Items {
+		if len(names) < 16 {
+			names = append(names, c.Name)
+		}
+	}
+	s.bs.Status.ReversedBy = names
+	return ctrl.Result{}, nil
+}
+
+// ReasonBillingProviderNotFound: the settlement waits for its BillingProvider or its
+// credentials.
+const ReasonBillingProviderNotFound = hooksv1alpha1.ReasonBillingProviderNotReady
+
+// resolveProvider loads the BillingProvider, a client for it, its retry policy and
+// where it points now.
+func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
+	bs := s.bs
+	var bp hooksv1alpha1.BillingProvider
+	err := r.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: bs.Spec.BillingProviderRef}, &bp)
+	if apierrors.IsNotFound(err) {
+		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, ReasonBillingProviderNotFound,
+			fmt.Sprintf("BillingProvider %q not found; waiting for it", bs.Spec.BillingProviderRef))
+		return ctrl.Result{RequeueAfter: waitForReference}, nil
+	}
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("get billingprovider %s: %w", bs.Spec.BillingProviderRef, err)
+	}
+	s.provider, s.policy, s.target = &bp, policyOf(&bp), targetOf(&bp)
+	c, err := r.clients.get(ctx, r.APIReader, r.NewClient, &bp)
+	if err != nil {
+		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, ReasonBillingProviderNotFound, truncateMessage(err.Error()))
+		return ctrl.Result{RequeueAfter: waitForReference}, nil
+	}
+	s.client = c
+	if bs.Spec.Type == hooksv1alpha1.SettlementRefund || bs.Spec.Type == hooksv1alpha1.SettlementVoid {
+		// The original's key travels in every request and every comparison.
+		var orig hooksv1alpha1.BillingSettlement
+		if err := r.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: bs.Spec.Reverses}, &orig); err == nil {
+			s.reverses = orig.Spec.SettlementKey
+		} else if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, fmt.Errorf("get reversed settlement %s: %w", bs.Spec.Reverses, err)
+		}
+	}
+	return ctrl.Result{}, nil
+}
+
+// resolveProviderIfHeld resolves the provider for a settlement being deleted only if
+// money may be at the provider: one that holds nothing may go without it.
+func (r *BillingSettlementReconciler) resolveProviderIfHeld(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
+	if !HoldsMoney(&s.bs.Status) {
+		return ctrl.Result{}, nil
+	}
+	res, err := r.resolveProvider(ctx, s)
+	if !res.IsZero() {
+		r.holdDeletion(s, "the BillingProvider or its credentials are missing, and money may be at the provider")
+	}
+	return res, err
+}
+
+// targetOf is where a BillingProvider points: its endpoint, its identity and the
+// Secret its token comes from.
+func targetOf(bp *hooksv1alpha1.BillingProvider) hooksv1alpha1.ProviderTarget {
+	ref := bp.Spec.CredentialsSecretRef
+	key := ref.Key
+	if key == "" {
+		key = "token"
+	}
+	return hooksv1alpha1.ProviderTarget{Endpoint: bp.Spec.Endpoint, BillingProviderUID: string(bp.UID),
+		CredentialsSecret: ref.Name + "/" + key}
+}
+
+// guardCompensation holds a Refund or Void that has not been sent while sending it
+// could move money wrongly: the original must exist, be for the same customer and
+// currency, and be Settled (Refund) or sent but not settled (Void); refunds of one
+// original never add up to more than it charged. Two refunds created at once see each
+// other (a live list), so neither can slip past the total.
+func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
+	bs := s.bs
+	if bs.Spec.Type != hooksv1alpha1.SettlementRefund && bs.Spec.Type != hooksv1alpha1.SettlementVoid {
+		return ctrl.Result{}, nil
+	}
+	if EffectiveExposure(&bs.Status) != hooksv1alpha1.ExposureNone || bs.Status.State != hooksv1alpha1.SettlementPending {
+		return ctrl.Result{}, nil // already (possibly) sent: the guard is behind it
+	}
+	var orig hooksv1alpha1.BillingSettlement
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: bs.Spec.Reverses}, &orig)
+	if apierrors.IsNotFound(err) {
+		return r.holdCompensation(s, fmt.Sprintf("waiting for the settlement it reverses, %q, to exist", bs.Spec.Reverses))
+	}
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("get reversed settlement %s: %w", bs.Spec.Reverses, err)
+	}
+	if why := compensationRefusal(bs, &orig); why != "" {
+		return r.holdCompensation(s, why)
+	}
+	if bs.Spec.Type == hooksv1alpha1.SettlementRefund {
+		var l hooksv1alpha1.BillingSettlementList
+		if err := r.APIReader.List(ctx, &l, client.InNamespace(bs.Namespace)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("list refunds of %s: %w", orig.Name, err)
+		}
+		total := int64(0)
+		for i := range l.Items {
+			o := &l.Items[i]
+			if o.Spec.Reverses != orig.Name || o.Spec.Type != hooksv1alpha1.SettlementRefund || o.Spec.Amount == nil {
+				continue
+			}
+			if o.Status.State == hooksv1alpha1.SettlementFailed && EffectiveExposure(&o.Status) == hooksv1alpha1.ExposureNone {
+				continue // refused or failed at the provider: refunded nothing
+			}
+			total += o.Spec.Amount.Minor
+		}
+		if total > orig.Spec.Amount.Minor {
+			return r.holdCompensation(s, fmt.Sprintf("refunds of %s would add up to %d, more than the %d it charged",
+				orig.Name, total, orig.Spec.Amount.Minor))
+		}
+	}
+	s.reverses = orig.Spec.SettlementKey
+	return ctrl.Result{}, nil
+}
+
+// compensationRefusal says why a compensation may not be sent for orig ("" when it may).
+func compensationRefusal(bs, orig *hooksv1alpha1.BillingSettlement) string {
+	switch {
+	case orig.Spec.Type != hooksv1alpha1.SettlementCharge && orig.Spec.Type != "":
+		return fmt.Sprintf("%s is a %s, not a charge: only charges are compensated", orig.Name, orig.Spec.Type)
+	case orig.Spec.BillingProviderRef != bs.Spec.BillingProviderRef:
+		return fmt.Sprintf("%s was sent to BillingProvider %q, not %q", orig.Name, orig.Spec.BillingProviderRef, bs.Spec.BillingProviderRef)
+	case orig.Spec.Customer != bs.Spec.Customer:
+		return fmt.Sprintf("%s is for another customer", orig.Name)
+	case bs.Spec.Amount != nil && orig.Spec.Amount != nil && bs.Spec.Amount.Currency != orig.Spec.Amount.Currency:
+		return fmt.Sprintf("%s is in another currency", orig.Name)
+	}
+	st := orig.Status.State
+	switch bs.Spec.Type {
+	case hooksv1alpha1.SettlementRefund:
+		if orig.Spec.Amount == nil {
+			return fmt.Sprintf("%s has no amount (usage priced by the provider), so a refund cannot be bounded by it; refund at the provider and record it there", orig.Name)
+		}
+		if st != hooksv1alpha1.SettlementSettled {
+			if st == hooksv1alpha1.SettlementFailed && EffectiveExposure(&orig.Status) == hooksv1alpha1.ExposureNone {
+				return fmt.Sprintf("%s failed: nothing was charged, so there is nothing to refund", orig.Name)
+			}
+			return fmt.Sprintf("a Refund is sent only once %s has settled (it is %s); use a Void while it has not", orig.Name, orNew(st))
+		}
+	case hooksv1alpha1.SettlementVoid:
+		switch {
+		case st == hooksv1alpha1.SettlementSettled:
+			return fmt.Sprintf("%s has settled: a Void can no longer cancel it; use a Refund", orig.Name)
+		case st == hooksv1alpha1.SettlementFailed && EffectiveExposure(&orig.Status) == hooksv1alpha1.ExposureNone:
+			return fmt.Sprintf("%s failed: nothing was charged, so there is nothing to void", orig.Name)
+		case orig.Status.FirstSubmittedAt == nil:
+			return fmt.Sprintf("waiting until %s has been sent to the provider", orig.Name)
+		}
+	}
+	return ""
+}
+
+// holdCompensation keeps a compensation Pending with the reason, and looks again later.
+func (r *BillingSettlementReconciler) holdCompensation(s *settlementScope, why string) (ctrl.Result, error) {
+	bs := s.bs
+	if c := findCondition(bs, hooksv1alpha1.ConditionReady); c == nil || c.Message != why {
+		r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonCompensationNotAllowed, "Compensate", "%s", why)
+	}
+	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonCompensationNotAllowed, why)
+	return ctrl.Result{RequeueAfter: waitForReference}, nil
+}
+
+// maxStepsPerReconcile bounds one reconcile's decisions (e.g. lookup → not found →
+// submit → settled is four).
+const maxStepsPerReconcile = 6
+
+// drive carries out the decisions until one says wait, hold or done. It calls the
+// provider at most once per kind (one lookup, one submission) per reconcile.
+func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
+	deleting := !s.bs.DeletionTimestamp.IsZero()
+	var obs observation
+	looked, submitted := false, false
+	for range maxStepsPerReconcile {
+		d := decide(decisionInput{status: &s.bs.Status, policy: s.policy, deleting: deleting,
+			providerChanged: s.providerChanged(), forceLookup: s.forceLookup && !looked,
+			obs: obs, now: s.now, random: r.random()})
+		r.apply(ctx, s, d, obs)
+		obs = observation{}
+		switch d.action {
+		case actContinue:
+			continue
+		case actSubmit:
+			if submitted || deleting {
+				return ctrl.Result{RequeueAfter: time.Second}, nil
+			}
+			submitted = true
+			var err error
+			if obs, err = r.submit(ctx, s); err != nil {
+				return ctrl.Result{}, err
+			}
+		case actLookup:
+			if looked {
+				return ctrl.Result{RequeueAfter: time.Second}, nil
+			}
+			looked = true
+			obs = r.lookup(ctx, s)
+		case actRelease:
+			return ctrl.Result{}, r.release(ctx, s)
+		case actWait, actHold:
+			return ctrl.Result{RequeueAfter: d.wait}, nil
+		default:
+			return ctrl.Result{}, nil
+		}
+	}
+	return ctrl.Result{RequeueAfter: time.Second}, nil
+}
+
+// providerChanged reports whether the provider now points elsewhere than where the
+// settlement's calls went.
+func (s *settlementScope) providerChanged() bool {
+	sent := s.bs.Status.SentTo
+	return sent != nil && s.provider != nil && *sent != s.target
+}
+
+// submit is the create-pending bracket around the one call that can move money:
+// exposure Possible, where it goes, and the attempt are persisted first, with the
+// resourceVersion as compare-and-swap, so two reconciles from one snapshot cannot
+// both send and a crash mid-call leaves a settlement that asks before it resends.
+func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementScope) (observation, error) {
+	bs, st := s.bs, &s.bs.Status
+	prior := EffectiveExposure(st)
+	now := metav1.NewTime(s.now)
+	if st.FirstSubmittedAt == nil {
+		st.FirstSubmittedAt = &now
+	}
+	target := s.target
+	st.Exposure, st.SentTo = hooksv1alpha1.ExposurePossible, &target
+	st.State, st.LastAttemptAt, st.NextAttemptAt = hooksv1alpha1.SettlementSubmitted, &now, nil
+	st.Attempts++
+	r.cond(bs, hooksv1alpha1.ConditionSubmitted, metav1.ConditionTrue, hooksv1alpha1.ReasonSubmittedToProvider,
+		fmt.Sprintf("attempt %d sent with key %s", st.Attempts, bs.Spec.IdempotencyKey))
+	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonSubmittedToProvider,
+		fmt.Sprintf("attempt %d in flight with key %s", st.Attempts, bs.Spec.IdempotencyKey))
+	if _, err := patchStatus(ctx, r.Client, bs, s.before, true); err != nil {
+		bs.Status = *s.before.Status.DeepCopy()
+		return observation{}, fmt.Errorf("record attempt of billingsettlement %s: %w", bs.Name, err)
+	}
+	r.countTransition(s)
+	if s.before.Status.Attempts == 0 {
+		r.Recorder.Eventf(bs, nil, corev1.EventTypeNormal, hooksv1alpha1.ReasonSubmittedToProvider, "Submit",
+			"submitting to %s with key %s", s.provider.Name, bs.Spec.IdempotencyKey)
+	}
+	s.before = bs.DeepCopy()
+
+	req := requestOf(bs, s.reverses)
+	rec, err := s.client.Submit(ctx, req)
+	if err != nil {
+		settlementAttempts.WithLabelValues("submit", classLabel(err)).Inc()
+		o := failureObservation(err, s.now, st)
+		o.submit, o.priorExposure = true, prior
+		return o, nil
+	}
+	settlementAttempts.WithLabelValues("submit", "ok").Inc()
+	return recordObservation(req, rec, true), nil
+}
+
+// lookup asks the provider by key (a poll, for a pending record).
+func (r *BillingSettlementReconciler) lookup(ctx context.Context, s *settlementScope) observation {
+	bs := s.bs
+	rec, found, err := s.client.Lookup(ctx, bs.Spec.IdempotencyKey)
+	if err != nil {
+		settlementAttempts.WithLabelValues("lookup", classLabel(err)).Inc()
+		return failureObservation(err, s.now, &bs.Status)
+	}
+	settlementAttempts.WithLabelValues("lookup", "ok").Inc()
+	if s.reconcileToken != "" {
+		bs.Status.ReconcileRequest = s.reconcileToken // answered: the request is done
+	}
+	if !found {
+		return observation{kind: obsNotFound}
+	}
+	return recordObservation(requestOf(bs, s.reverses), rec, false)
+}
+
+// recordObservation turns a provider record into an observation, comparing it with
+// what we send (fail closed: a missing field is a mismatch).
+func recordObservation(req billing.Request, rec billing.Record, submitted bool) observation {
+	o := observation{kind: obsRecord, submit: submitted, status: rec.Status, record: rec}
+	if m, ok := billing.Match(req, rec); !ok {
+		o.mismatch = &m
+	}
+	return o
+}
+
+// failureObservation classifies a failed call once (the adapter did) and records it
+// as the settlement's last error, which is only ever shown, never decided on.
+func failureObservation(err error, now time.Time, st *hooksv1alpha1.BillingSettlementStatus) observation {
+	st.LastError = settlementError(err, now)
+	o := observation{kind: obsAmbiguous, message: st.LastError.Message}
+	if e, ok := billing.AsError(err); ok {
+		o.retryAfter = e.RetryAfter
+		switch {
+		case e.KeyReused:
+			o.kind = obsKeyReused
+		case e.Class == billing.Transient:
+			o.kind = obsTransient
+		case e.Class == billing.Terminal:
+			o.kind = obsTerminal
+		}
+	}
+	return o
+}
+
+// release drops the protection finalizer of a settlement being deleted: the decision
+// found nothing can be pending at the provider under its key.
+func (r *BillingSettlementReconciler) release(ctx context.Context, s *settlementScope) error {
+	bs := s.bs
+	if _, err := patchStatus(ctx, r.Client, bs, s.before, false); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	if controllerutil.ContainsFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection) {
+		patch := client.MergeFrom(bs.DeepCopy())
+		controllerutil.RemoveFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection)
+		if err := r.Patch(ctx, bs, patch); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("remove finalizer of billingsettlement %s: %w", bs.Name, err)
+		}
+	}
+	s.before = bs.DeepCopy() // nothing more to write: the object is going away
+	return nil
+}
+
+func requestOf(bs *hooksv1alpha1.BillingSettlement, reversesKey string) billing.Request {
+	req := billing.Request{
+		SettlementKey: bs.Spec.SettlementKey, IdempotencyKey: bs.Spec.IdempotencyKey,
+		Type: strings.ToLower(string(bs.Spec.Type)), Reverses: reversesKey, Customer: bs.Spec.Customer,
+		Metadata: bs.Spec.Metadata,
+	}
+	if req.Type == "" {
+		req.Type = billing.TypeCharge
+	}
+	if u := bs.Spec.Usage; u != nil {
+		req.Usage = &billing.Usage{Meter: u.Meter, Quantity: u.Quantity, Unit: u.Unit}
+	}
+	if a := bs.Spec.Amount; a != nil {
+		req.Amount = &billing.Amount{Minor: a.Minor, Currency: a.Currency}
+	}
+	return req
+}

@@ -1,0 +1,270 @@
+package controllers
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+)
+
+// The decision's table: every (state, exposure) a settlement can be in, before any
+// call and after every kind of answer, with a fixed clock and fixed jitter. The
+// invariants below are checked for every pair; the explicit rows pin the exact step.
+
+var (
+	t0     = time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	policy = retryPolicy{maxAttempts: 5, maxElapsed: time.Hour, initial: time.Second, max: time.Minute, keyWindow: 24 * time.Hour}
+)
+
+type (
+	S = hooksv1alpha1.SettlementState
+	E = hooksv1alpha1.Exposure
+)
+
+const (
+	pending   = hooksv1alpha1.SettlementPending
+	submitted = hooksv1alpha1.SettlementSubmitted
+	settled   = hooksv1alpha1.SettlementSettled
+	failed    = hooksv1alpha1.SettlementFailed
+	rr        = hooksv1alpha1.SettlementRequiresReconciliation
+	none      = hooksv1alpha1.ExposureNone
+	possible  = hooksv1alpha1.ExposurePossible
+	confirmed = hooksv1alpha1.ExposureConfirmed
+)
+
+var (
+	allStates    = []S{pending, submitted, settled, failed, rr}
+	allExposures = []E{none, possible, confirmed}
+	allObs       = []observationKind{obsNone, obsRecord, obsNotFound, obsTransient, obsAmbiguous, obsTerminal, obsKeyReused}
+	recStatuses  = []string{billing.StatusPending, billing.StatusSettled, billing.StatusFailed}
+)
+
+func statusOfPair(state S, exp E) *hooksv1alpha1.BillingSettlementStatus {
+	st := &hooksv1alpha1.BillingSettlementStatus{State: state, Exposure: exp}
+	if state != pending || exp != none {
+		first := metav1.NewTime(t0.Add(-time.Minute))
+		st.FirstSubmittedAt, st.Attempts = &first, 1
+	}
+	return st
+}
+
+// TestDecisionInvariants runs every state × exposure × observation (× record status,
+// × submission or lookup, × deleting) and checks what must hold whatever the row.
+func TestDecisionInvariants(t *testing.T) {
+	n := 0
+	for _, state := range allStates {
+		for _, exp := range allExposures {
+			for _, kind := range allObs {
+				for _, submit := range []bool{false, true} {
+					for _, deleting := range []bool{false, true} {
+						for _, spent := range []bool{false, true} {
+							if kind == obsKeyReused && !submit {
+								continue // only a submission can be told the key is reused
+							}
+							statuses := []string{""}
+							if kind == obsRecord {
+								statuses = recStatuses
+							}
+							for _, rs := range statuses {
+								st := statusOfPair(state, exp)
+								if spent {
+									st.Attempts = policy.maxAttempts
+								}
+								in := decisionInput{status: st, policy: policy, deleting: deleting, now: t0, random: 0.5,
+									obs: observation{kind: kind, submit: submit, status: rs, priorExposure: exp, message: "x"}}
+								d := decide(in)
+								n++
+								name := fmt.Sprintf("%s/%s/%s/submit=%v/deleting=%v/spent=%v/%s", state, exp, kind, submit, deleting, spent, rs)
+								checkInvariants(t, name, in, d)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	t.Logf("%d pairs checked", n)
+}
+
+func checkInvariants(t *testing.T, name string, in decisionInput, d decision) {
+	t.Helper()
+	exp := EffectiveExposure(in.status)
+	if d.deadLetter && d.exposure != none {
+		t.Errorf("%s: dead-lettered with exposure %s", name, d.exposure)
+	}
+	if d.deadLetter && d.state != failed {
+		t.Errorf("%s: dead-lettered but state %s", name, d.state)
+	}
+	if d.action == actSubmit && exp != none {
+		t.Errorf("%s: submits with exposure %s (must look up first)", name, exp)
+	}
+	if d.action == actSubmit && in.deleting {
+		t.Errorf("%s: submits while deleting", name)
+	}
+	if d.action == actRelease && (exp == possible || (exp == confirmed && in.status.State != settled)) {
+		t.Errorf("%s: releases the finalizer while money may be at the provider", name)
+	}
+	if in.obs.kind == obsAmbiguous && in.obs.submit && d.exposure != possible {
+		t.Errorf("%s: an ambiguous submission leaves exposure %s", name, d.exposure)
+	}
+	if in.obs.kind == obsNone && d.exposure != exp {
+		t.Errorf("%s: exposure changed from %s to %s without a provider answer", name, exp, d.exposure)
+	}
+	if in.obs.kind != obsNone && in.obs.kind != obsRecord && in.obs.kind != obsNotFound && !in.obs.submit && d.exposure != exp {
+		t.Errorf("%s: a failed lookup changed exposure from %s to %s", name, exp, d.exposure)
+	}
+	if d.exposure == none && exp != none && in.obs.kind != obsNotFound &&
+		!(in.obs.kind == obsRecord && in.obs.status == billing.StatusFailed) &&
+		!(in.obs.submit && (in.obs.kind == obsTransient || in.obs.kind == obsTerminal)) {
+		t.Errorf("%s: exposure lowered to None without an authoritative answer", name)
+	}
+	if d.action == actWait && d.wait <= 0 {
+		t.Errorf("%s: waits %s", name, d.wait)
+	}
+	if d.wait > maxRetryAfterFactor*policy.max+time.Minute {
+		t.Errorf("%s: waits %s, beyond any cap", name, d.wait)
+	}
+}
+
+// TestDecisionTable pins the step for the pairs that matter, one row each.
+func TestDecisionTable(t *testing.T) {
+	at := func(d time.Duration) *metav1.Time { v := metav1.NewTime(t0.Add(d)); return &v }
+	rows := []struct {
+		name   string
+		st     hooksv1alpha1.BillingSettlementStatus
+		in     func(*decisionInput)
+		action action
+		state  S
+		exp    E
+		wait   time.Duration
+		dl     bool
+	}{
+		{name: "fresh settlement is sent directly", st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: none},
+			action: actSubmit, state: pending, exp: none},
+		{name: "possibly sent before: look up first", st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
+			action: actLookup, state: pending, exp: possible},
+		{name: "legacy object without exposure looks up", st: hooksv1alpha1.BillingSettlementStatus{State: pending},
+			action: actLookup, state: pending, exp: possible},
+		{name: "lookup not found: resend (continue)", st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
+			in: func(in *decisionInput) { in.obs = observation{kind: obsNotFound} }, action: actContinue, state: pending, exp: none},
+		{name: "failed lookup backs off, never submits (defect 2)", st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible, Failures: 2},
+			in: func(in *decisionInput) { in.obs = observation{kind: obsTerminal, message: "403"} },
+			action: actWait, state: pending, exp: possible, wait: 4*time.Second - 400*time.Millisecond},
+		{name: "backoff grows with failed lookups (defect 12)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Failures: 6, Attempts: 1},
+			in: func(in *decisionInput) { in.obs = observation{kind: obsTransient} },
+			action: actWait, state: submitted, exp: possible, wait: time.Minute - 6*time.Second},
+		{name: "Retry-After is honoured", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 1},
+			in: func(in *decisionInput) {
+				in.obs = observation{kind: obsTransient, submit: true, priorExposure: none, retryAfter: 30 * time.Second}
+			},
+			action: actWait, state: submitted, exp: none, wait: 30 * time.Second},
+		{name: "Retry-After is capped at 2 x maxBackoff", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 1},
+			in: func(in *decisionInput) {
+				in.obs = observation{kind: obsTransient, submit: true, priorExposure: none, retryAfter: 24 * time.Hour}
+			},
+			action: actWait, state: submitted, exp: none, wait: 2 * time.Minute},
+		{name: "429 restores None: resend directly later", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
+			in: func(in *decisionInput) { in.obs = observation{kind: obsTransient, submit: true, priorExposure: none} },
+			action: actWait, state: submitted, exp: none, wait: time.Second - 100*time.Millisecond},
+		{name: "crash after 429: exposure Possible persisted, look up (defect 9)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 2,
+			LastError: &hooksv1alpha1.SettlementError{Class: errorClassTransient}},
+			action: actLookup, state: submitted, exp: possible},
+		{name: "ambiguous submission raises Possible", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsAmbiguous, submit: true, priorExposure: none} },
+			action: actWait, state: submitted, exp: possible, wait: time.Second - 100*time.Millisecond},
+		{name: "budget spent with None: dead-letter", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 5},
+			action: actDone, state: failed, exp: none, dl: true},
+		{name: "budget spent with Possible: keep asking (defect 1)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 5,
+			FirstSubmittedAt: at(-2 * time.Hour)},
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsTransient} },
+			action: actWait, state: submitted, exp: possible, wait: 900 * time.Millisecond},
+		{name: "pending past the budget, poll fails: keep polling (defect 1)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: confirmed, Attempts: 1,
+			FirstSubmittedAt: at(-2 * time.Hour), ProviderStatus: billing.StatusPending},
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsAmbiguous} },
+			action: actWait, state: submitted, exp: confirmed, wait: 900 * time.Millisecond},
+		{name: "pending record: poll later", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-10 * time.Second)},
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsRecord, status: billing.StatusPending} },
+			action: actWait, state: submitted, exp: confirmed, wait: 5 * time.Second},
+		{name: "settled record: adopt", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsRecord, status: billing.StatusSettled} },
+			action: actContinue, state: settled, exp: confirmed},
+		{name: "provider failed: Failed, not dead-lettered, nothing moved", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsRecord, status: billing.StatusFailed} },
+			action: actContinue, state: failed, exp: none},
+		{name: "record lacking a field is not adopted (defect 5)", st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
+			in: func(in *decisionInput) {
+				in.obs = observation{kind: obsRecord, status: billing.StatusSettled, mismatch: &billing.Mismatch{Field: "amount", Missing: true}}
+			},
+			action: actDone, state: rr, exp: possible},
+		{name: "after a disagreement a matching lookup is still not adopted", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1,
+			Disagreement: &hooksv1alpha1.ProviderDisagreement{Reason: hooksv1alpha1.ReasonKeyReused}},
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsRecord, status: billing.StatusSettled} },
+			action: actDone, state: rr, exp: possible},
+		{name: "key reused: RequiresReconciliation, exposure Possible", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsKeyReused, submit: true, priorExposure: none} },
+			action: actDone, state: rr, exp: possible},
+		{name: "terminal refusal with None: dead-letter", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsTerminal, submit: true, priorExposure: none} },
+			action: actDone, state: failed, exp: none, dl: true},
+		{name: "terminal refusal after an ambiguous attempt: ask, do not dead-letter", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 2},
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsTerminal, submit: true, priorExposure: possible} },
+			action: actWait, state: submitted, exp: possible, wait: 900 * time.Millisecond},
+		{name: "pending record vanished: RequiresReconciliation", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: confirmed, Attempts: 1},
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsNotFound} },
+			action: actDone, state: rr, exp: confirmed},
+		{name: "waiting: nothing before nextAttemptAt", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, NextAttemptAt: at(7 * time.Second)},
+			action: actWait, state: submitted, exp: possible, wait: 7 * time.Second},
+		{name: "provider changed while Possible: hold (defect 6)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
+			in: func(in *decisionInput) { in.providerChanged = true }, action: actHold, state: submitted, exp: possible, wait: time.Minute},
+		{name: "provider changed with None: send to the new one", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 1},
+			in: func(in *decisionInput) { in.providerChanged = true }, action: actSubmit, state: submitted, exp: none},
+		{name: "deleting with Possible: ask, never release", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
+			in: func(in *decisionInput) { in.deleting = true }, action: actLookup, state: submitted, exp: possible},
+		{name: "deleting with None: release", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 1},
+			in: func(in *decisionInput) { in.deleting = true }, action: actRelease, state: submitted, exp: none},
+		{name: "deleting settled: release", st: hooksv1alpha1.BillingSettlementStatus{State: settled, Exposure: confirmed, Attempts: 1},
+			in: func(in *decisionInput) { in.deleting = true }, action: actRelease, state: settled, exp: confirmed},
+		{name: "legacy dead-lettered pending charge resumes polling", st: hooksv1alpha1.BillingSettlementStatus{State: failed, Attempts: 1, ProviderStatus: billing.StatusPending},
+			action: actLookup, state: submitted, exp: confirmed},
+		{name: "reconcile request asks a failed settlement by key", st: hooksv1alpha1.BillingSettlementStatus{State: failed, Exposure: none, Attempts: 3},
+			in: func(in *decisionInput) { in.forceLookup = true }, action: actLookup, state: failed, exp: none},
+		{name: "final states do nothing", st: hooksv1alpha1.BillingSettlementStatus{State: settled, Exposure: confirmed, Attempts: 1},
+			action: actDone, state: settled, exp: confirmed},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			st := row.st
+			in := decisionInput{status: &st, policy: policy, now: t0, random: 0.5}
+			if row.in != nil {
+				row.in(&in)
+			}
+			d := decide(in)
+			if d.action != row.action || d.state != row.state || d.exposure != row.exp || d.deadLetter != row.dl {
+				t.Fatalf("got action %s state %s exposure %s deadLetter %v, want %s %s %s %v (%s)",
+					d.action, d.state, d.exposure, d.deadLetter, row.action, row.state, row.exp, row.dl, d.message)
+			}
+			if row.wait != 0 && d.wait != row.wait {
+				t.Fatalf("wait %s, want %s", d.wait, row.wait)
+			}
+			checkInvariants(t, row.name, in, d)
+		})
+	}
+}
+
+// TestRetryWaitJittersDownward: a wait is never above its exponential value, also at
+// the cap, and spreads below it.
+func TestRetryWaitJittersDownward(t *testing.T) {
+	for n := int32(1); n < 20; n++ {
+		top := exponential(n, policy.initial, policy.max)
+		if got := retryWait(n, policy, 0, 0); got != top {
+			t.Fatalf("failures %d random 0: %s, want %s", n, got, top)
+		}
+		if got := retryWait(n, policy, 0, 0.999); got >= top || got < top*8/10 {
+			t.Fatalf("failures %d random 0.999: %s not in [0.8, 1) x %s", n, got, top)
+		}
+	}
+}
