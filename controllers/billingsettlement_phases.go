@@ -227,7 +227,7 @@ func targetOf(bp *hooksv1alpha1.BillingProvider) hooksv1alpha1.ProviderTarget {
 		CredentialsSecret: ref.Name + "/" + key}
 }
 
-// guardCompensation holds a Refund or Void that has not been sent while sending it
+// guardCompensation holds a Refund or Void that has never been submitted while sending it
 // could move money wrongly: the original must exist, be for the same customer and
 // currency, and be Settled (Refund) or sent but not settled (Void); refunds of one
 // original never add up to more than it charged. Two refunds created at once see each
@@ -237,8 +237,8 @@ func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *
 	if bs.Spec.Type != hooksv1alpha1.SettlementRefund && bs.Spec.Type != hooksv1alpha1.SettlementVoid {
 		return ctrl.Result{}, nil
 	}
-	if EffectiveExposure(&bs.Status) != hooksv1alpha1.ExposureNone || bs.Status.State != hooksv1alpha1.SettlementPending {
-		return ctrl.Result{}, nil // already (possibly) sent: the guard is behind it
+	if bs.Status.Attempts > 0 {
+		return ctrl.Result{}, nil // sent in this life: the guard is behind it
 	}
 	var orig hooksv1alpha1.BillingSettlement
 	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: bs.Spec.Reverses}, &orig)
@@ -267,9 +267,9 @@ func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *
 			}
 			total += o.Spec.Amount.Minor
 		}
-		if total > orig.Spec.Amount.Minor {
-			return r.holdCompensation(s, fmt.Sprintf("refunds of %s would add up to %d, more than the %d it charged",
-				orig.Name, total, orig.Spec.Amount.Minor))
+		if charged := chargedAmount(&orig); total > charged.Minor {
+			return r.holdCompensation(s, fmt.Sprintf("refunds of %s would add up to %d, more than the %d %s it charged",
+				orig.Name, total, charged.Minor, charged.Currency))
 		}
 	}
 	s.reverses = orig.Spec.SettlementKey
@@ -285,14 +285,14 @@ func compensationRefusal(bs, orig *hooksv1alpha1.BillingSettlement) string {
 		return fmt.Sprintf("%s was sent to BillingProvider %q, not %q", orig.Name, orig.Spec.BillingProviderRef, bs.Spec.BillingProviderRef)
 	case orig.Spec.Customer != bs.Spec.Customer:
 		return fmt.Sprintf("%s is for another customer", orig.Name)
-	case bs.Spec.Amount != nil && orig.Spec.Amount != nil && bs.Spec.Amount.Currency != orig.Spec.Amount.Currency:
+	case bs.Spec.Amount != nil && chargedAmount(orig) != nil && bs.Spec.Amount.Currency != chargedAmount(orig).Currency:
 		return fmt.Sprintf("%s is in another currency", orig.Name)
 	}
 	st := orig.Status.State
 	switch bs.Spec.Type {
 	case hooksv1alpha1.SettlementRefund:
-		if orig.Spec.Amount == nil {
-			return fmt.Sprintf("%s has no amount (usage priced by the provider), so a refund cannot be bounded by it; refund at the provider and record it there", orig.Name)
+		if st == hooksv1alpha1.SettlementSettled && chargedAmount(orig) == nil {
+			return fmt.Sprintf("%s is usage priced and its provider reported no amount, so a refund cannot be bounded by it; refund at the provider", orig.Name)
 		}
 		if st != hooksv1alpha1.SettlementSettled {
 			if st == hooksv1alpha1.SettlementFailed && EffectiveExposure(&orig.Status) == hooksv1alpha1.ExposureNone {
@@ -311,6 +311,15 @@ func compensationRefusal(bs, orig *hooksv1alpha1.BillingSettlement) string {
 		}
 	}
 	return ""
+}
+
+// chargedAmount is what a charge moved: its own amount, or for a usage-priced one what
+// the provider reported (nil when neither is known).
+func chargedAmount(orig *hooksv1alpha1.BillingSettlement) *hooksv1alpha1.Amount {
+	if orig.Spec.Amount != nil {
+		return orig.Spec.Amount
+	}
+	return orig.Status.ChargedAmount
 }
 
 // holdCompensation keeps a compensation Pending with the reason, and looks again later.
@@ -420,15 +429,17 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 // lookup asks the provider by key (a poll, for a pending record).
 func (r *BillingSettlementReconciler) lookup(ctx context.Context, s *settlementScope) observation {
 	bs := s.bs
+	if s.reconcileToken != "" {
+		// Acted on once, answered or not: a settlement that may have charged keeps
+		// asking on its own backoff anyway.
+		bs.Status.ReconcileRequest = s.reconcileToken
+	}
 	rec, found, err := s.client.Lookup(ctx, bs.Spec.IdempotencyKey)
 	if err != nil {
 		settlementAttempts.WithLabelValues("lookup", classLabel(err)).Inc()
 		return failureObservation(err, s.now, &bs.Status)
 	}
 	settlementAttempts.WithLabelValues("lookup", "ok").Inc()
-	if s.reconcileToken != "" {
-		bs.Status.ReconcileRequest = s.reconcileToken // answered: the request is done
-	}
 	if !found {
 		return observation{kind: obsNotFound}
 	}
@@ -455,6 +466,8 @@ func failureObservation(err error, now time.Time, st *hooksv1alpha1.BillingSettl
 		switch {
 		case e.KeyReused:
 			o.kind = obsKeyReused
+		case e.InFlight:
+			o.kind = obsInFlight
 		case e.Class == billing.Transient:
 			o.kind = obsTransient
 		case e.Class == billing.Terminal:

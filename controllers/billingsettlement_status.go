@@ -49,7 +49,7 @@ func (r *BillingSettlementReconciler) apply(ctx context.Context, s *settlementSc
 	if readyBefore != nil {
 		prevReason = readyBefore.Reason
 	}
-	st.State, st.Exposure, st.Failures = d.state, d.exposure, d.failures
+	st.State, st.Exposure, st.Failures, st.LastSubmission = d.state, d.exposure, d.failures, d.lastSubmission
 	switch d.action {
 	case actWait:
 		next := metav1.NewTime(s.now.Add(d.wait))
@@ -70,6 +70,9 @@ func (r *BillingSettlementReconciler) apply(ctx context.Context, s *settlementSc
 	}
 	if d.adopt {
 		st.ProviderRef, st.ProviderStatus = obs.record.ID, obs.record.Status
+		if a := obs.record.Amount; a != nil {
+			st.ChargedAmount = &hooksv1alpha1.Amount{Minor: a.Minor, Currency: a.Currency}
+		}
 		if st.FirstSubmittedAt == nil { // found by a lookup: it was sent in an earlier life
 			now := metav1.NewTime(s.now)
 			st.FirstSubmittedAt = &now

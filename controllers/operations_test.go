@@ -121,6 +121,12 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 		Expect(bs.Finalizers).To(ContainElement(hooksv1alpha1.FinalizerSettlementProtection))
 		Expect(condition(bs.Status.Conditions, hooksv1alpha1.ConditionSettled).Status).To(Equal(metav1.ConditionTrue))
 		Expect(billing.Charges(key("job-happy"))).To(Equal(1))
+		// A job never seen before: its charge was sent directly, with no lookup first
+		// (defect 13: one provider call per charge on the happy path).
+		calls := billing.CallsFor(bs.Spec.IdempotencyKey)
+		Expect(calls).To(HaveLen(1))
+		Expect(calls[0].Method).To(Equal(http.MethodPost))
+		Expect(bs.Status.Exposure).To(Equal(hooksv1alpha1.ExposureConfirmed))
 		ev := event(ns, "msg_happy")
 		Expect(ev.Status.Operations).To(HaveLen(2))
 		for _, op := range ev.Status.Operations {
@@ -310,7 +316,7 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 			return ""
 		}).Should(Equal(hooksv1alpha1.ReasonOutcomeUnknown))
 		Consistently(settlementState(ns, "job-unknown")).WithTimeout(2 * time.Second).Should(Equal(hooksv1alpha1.SettlementSubmitted))
-		Expect(settlementOf(ns, "job-unknown").Status.OutcomeUnknown).To(BeTrue())
+		Expect(settlementOf(ns, "job-unknown").Status.Exposure).To(Equal(hooksv1alpha1.ExposurePossible))
 
 		Expect(billing.SetDown(false)).To(Succeed())
 		downed = false
@@ -372,7 +378,22 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 
 var _ = Describe("settlement lifecycle", func() {
 	It("holds the deletion of a Submitted settlement until the provider's answer is known", func() {
-		ns := newTenant()
+		ns := newTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Retry.InitialBackoff = fixtures.Duration(2 * time.Second)
+			bp.Spec.Retry.MaxBackoff = fixtures.Duration(4 * time.Second)
+		})
+		// A 503 to the POST: the provider may have committed it (exposure Possible)...
+		billing.FailNext(1, http.StatusServiceUnavailable)
+		sendOK(ns, "msg_del", jobEvent("job-del", 1, 1))
+		Eventually(func() hooksv1alpha1.Exposure {
+			bs := &hooksv1alpha1.BillingSettlement{}
+			_ = k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.SettlementName("inference", key("job-del"))}, bs)
+			if bs.Status.Attempts == 0 {
+				return ""
+			}
+			return bs.Status.Exposure
+		}).Should(Equal(hooksv1alpha1.ExposurePossible))
+		// ...and it is down before it could be asked.
 		Expect(billing.SetDown(true)).To(Succeed())
 		downed := true
 		defer func() {
@@ -380,8 +401,6 @@ var _ = Describe("settlement lifecycle", func() {
 				_ = billing.SetDown(false)
 			}
 		}()
-		sendOK(ns, "msg_del", jobEvent("job-del", 1, 1))
-		Eventually(settlementState(ns, "job-del")).Should(Equal(hooksv1alpha1.SettlementSubmitted))
 		bs := settlementOf(ns, "job-del")
 		Expect(k8s.Delete(ctx, bs)).To(Succeed())
 		Eventually(func() string {

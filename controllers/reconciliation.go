@@ -465,9 +465,6 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 // it ("" when it can): a field that differs or is missing (fail closed), or an earlier
 // disagreement the settlement recorded. It names fields, never another record's values.
 func (r *BillingProviderReconciler) notProvablyOurs(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, rec billing.Record) string {
-	if d := bs.Status.Disagreement; d != nil {
-		return fmt.Sprintf("the provider's record %s is not confirmed: the settlement recorded a disagreement (%s %s)", rec.ID, d.Reason, d.Field)
-	}
 	reverses := ""
 	if bs.Spec.Reverses != "" {
 		var orig hooksv1alpha1.BillingSettlement
@@ -477,6 +474,9 @@ func (r *BillingProviderReconciler) notProvablyOurs(ctx context.Context, bs *hoo
 	}
 	if m, ok := RecordMatches(bs, reverses, rec); !ok {
 		return fmt.Sprintf("the provider's record %s under key %s is not provably this settlement: %s", rec.ID, bs.Spec.IdempotencyKey, m)
+	}
+	if d := bs.Status.Disagreement; d != nil {
+		return fmt.Sprintf("the provider's record %s is not confirmed: the settlement recorded a disagreement (%s %s)", rec.ID, d.Reason, d.Field)
 	}
 	return ""
 }

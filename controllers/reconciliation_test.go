@@ -150,7 +150,8 @@ var _ = Describe("reconciliation reports (DESIGN §7)", func() {
 		d = finding(ns, hooksv1alpha1.DiscrepancyAmountMismatch, func(d hooksv1alpha1.Discrepancy) bool {
 			return d.ProviderRef == "pay_mismatch"
 		})
-		Expect(d.Message).To(ContainSubstring("amount 200 USD locally, 100 USD at the provider"))
+		Expect(d.Message).To(ContainSubstring("amount.minor differs"))
+		Expect(d.Message).NotTo(ContainSubstring("100 USD"), "another record's amount is never copied")
 		Expect(d.Action).To(Equal(hooksv1alpha1.RepairManualReview))
 		d = finding(ns, hooksv1alpha1.DiscrepancyEventQuarantined, func(hooksv1alpha1.Discrepancy) bool { return true })
 		Expect(d.Action).To(Equal(hooksv1alpha1.RepairManualReview))

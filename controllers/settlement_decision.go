@@ -66,10 +66,13 @@ const (
 	obsTerminal
 	// obsKeyReused: the provider has our key bound to another request (422).
 	obsKeyReused
+	// obsInFlight: the provider refused the call because a request with the same key is
+	// still being processed (409 in use): that request may yet commit.
+	obsInFlight
 )
 
 func (k observationKind) String() string {
-	return [...]string{"None", "Record", "NotFound", "Transient", "Ambiguous", "Terminal", "KeyReused"}[k]
+	return [...]string{"None", "Record", "NotFound", "Transient", "Ambiguous", "Terminal", "KeyReused", "InFlight"}[k]
 }
 
 // observation is the answer to the call the previous decision asked for.
@@ -112,10 +115,11 @@ type decisionInput struct {
 // decision is what to do and what the status becomes. The reconciler copies the
 // fields into the status and writes the conditions from reason and message.
 type decision struct {
-	action   action
-	state    hooksv1alpha1.SettlementState
-	exposure hooksv1alpha1.Exposure
-	failures int32
+	action         action
+	lastSubmission hooksv1alpha1.SubmissionOutcome
+	state          hooksv1alpha1.SettlementState
+	exposure       hooksv1alpha1.Exposure
+	failures       int32
 	// wait is how long to wait (actWait, actHold); nextAttemptAt is now + wait for
 	// actWait, nil otherwise.
 	wait time.Duration
@@ -169,7 +173,7 @@ func HoldsMoney(st *hooksv1alpha1.BillingSettlementStatus) bool {
 // decision.
 func decide(in decisionInput) decision {
 	st := in.status
-	d := decision{state: st.State, exposure: EffectiveExposure(st), failures: st.Failures}
+	d := decision{state: st.State, exposure: EffectiveExposure(st), failures: st.Failures, lastSubmission: st.LastSubmission}
 	if d.state == "" {
 		d.state = hooksv1alpha1.SettlementPending
 	}
@@ -226,7 +230,10 @@ func nextStep(in decisionInput, d decision) decision {
 			"money may have moved under this key: asking the provider by key before anything is sent"
 		return d
 	}
-	if spent, why := budgetSpent(st, in.policy, in.now); spent {
+	// Dead-lettering says "nothing was charged": only after a submission the provider
+	// provably did not receive. After one it may still be processing, a lookup's "not
+	// found" is no such proof, so one more submission (same key) asks it.
+	if spent, why := budgetSpent(st, in.policy, in.now); spent && st.LastSubmission != hooksv1alpha1.SubmissionMaybeReceived {
 		d.action, d.state, d.deadLetter = actDone, hooksv1alpha1.SettlementFailed, true
 		d.reason, d.message = hooksv1alpha1.ReasonRetriesExhausted, "retries exhausted: "+why+lastErrorSuffix(st)
 		return d
@@ -255,6 +262,7 @@ func afterCall(in decisionInput, d decision) decision {
 		d.action, d.exposure, d.failures, d.clearDisagreement = actContinue, hooksv1alpha1.ExposureNone, 0, true
 		return d
 	case obsKeyReused:
+		d.lastSubmission = hooksv1alpha1.SubmissionRefused
 		d.action, d.state, d.failures = actDone, hooksv1alpha1.SettlementRequiresReconciliation, 0
 		d.exposure = raise(d.exposure, hooksv1alpha1.ExposurePossible)
 		d.reason = hooksv1alpha1.ReasonKeyReused
@@ -266,10 +274,26 @@ func afterCall(in decisionInput, d decision) decision {
 	// A failed call: transient, ambiguous or terminal.
 	if obs.submit {
 		switch obs.kind {
+		case obsTransient:
+			d.lastSubmission = hooksv1alpha1.SubmissionNotReceived
+		case obsTerminal:
+			d.lastSubmission = hooksv1alpha1.SubmissionRefused
+		default:
+			d.lastSubmission = hooksv1alpha1.SubmissionMaybeReceived
+		}
+	}
+	if !obs.submit && d.exposure == hooksv1alpha1.ExposureNone {
+		// Only a reconcile request looks up with nothing possibly moved: its failure
+		// changes nothing, the normal path goes on (and may dead-letter).
+		d.action = actContinue
+		return d
+	}
+	if obs.submit {
+		switch obs.kind {
 		case obsTransient, obsTerminal:
 			// This attempt provably did not reach the provider: exposure is what it was.
 			d.exposure = obs.priorExposure
-		case obsAmbiguous:
+		case obsAmbiguous, obsInFlight:
 			d.exposure = hooksv1alpha1.ExposurePossible
 		}
 		if d.exposure == hooksv1alpha1.ExposureNone {
@@ -278,7 +302,7 @@ func afterCall(in decisionInput, d decision) decision {
 				d.reason, d.message = hooksv1alpha1.ReasonTerminalError, "the provider refused it: "+obs.message
 				return d
 			}
-			if spent, why := budgetSpent(st, in.policy, in.now); spent {
+			if spent, why := budgetSpent(st, in.policy, in.now); spent && obs.kind == obsTransient {
 				d.action, d.state, d.deadLetter, d.failures = actDone, hooksv1alpha1.SettlementFailed, true, d.failures+1
 				d.reason = hooksv1alpha1.ReasonRetriesExhausted
 				d.message = "retries exhausted: " + why + "; last error: " + obs.message
@@ -335,6 +359,9 @@ func adoptRecord(in decisionInput, d decision) decision {
 		return d
 	}
 	d.adopt, d.clearDisagreement = true, obs.submit
+	if obs.submit {
+		d.lastSubmission = hooksv1alpha1.SubmissionAccepted
+	}
 	switch obs.status {
 	case billing.StatusSettled:
 		d.action, d.state, d.exposure = actContinue, hooksv1alpha1.SettlementSettled, hooksv1alpha1.ExposureConfirmed

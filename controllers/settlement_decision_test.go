@@ -39,7 +39,7 @@ const (
 var (
 	allStates    = []S{pending, submitted, settled, failed, rr}
 	allExposures = []E{none, possible, confirmed}
-	allObs       = []observationKind{obsNone, obsRecord, obsNotFound, obsTransient, obsAmbiguous, obsTerminal, obsKeyReused}
+	allObs       = []observationKind{obsNone, obsRecord, obsNotFound, obsTransient, obsAmbiguous, obsTerminal, obsKeyReused, obsInFlight}
 	recStatuses  = []string{billing.StatusPending, billing.StatusSettled, billing.StatusFailed}
 )
 
@@ -74,6 +74,9 @@ func TestDecisionInvariants(t *testing.T) {
 								if spent {
 									st.Attempts = policy.maxAttempts
 								}
+								if kind == obsNone && exp == none && state == submitted {
+									st.LastSubmission = hooksv1alpha1.SubmissionMaybeReceived
+								}
 								in := decisionInput{status: st, policy: policy, deleting: deleting, now: t0, random: 0.5,
 									obs: observation{kind: kind, submit: submit, status: rs, priorExposure: exp, message: "x"}}
 								d := decide(in)
@@ -96,6 +99,12 @@ func checkInvariants(t *testing.T, name string, in decisionInput, d decision) {
 	if d.deadLetter && d.exposure != none {
 		t.Errorf("%s: dead-lettered with exposure %s", name, d.exposure)
 	}
+	if d.deadLetter && in.obs.kind == obsNone && in.status.LastSubmission == hooksv1alpha1.SubmissionMaybeReceived {
+		t.Errorf("%s: dead-lettered after a submission the provider may still be processing", name)
+	}
+	if d.deadLetter && in.obs.submit && (in.obs.kind == obsAmbiguous || in.obs.kind == obsInFlight) {
+		t.Errorf("%s: dead-lettered right after an ambiguous submission", name)
+	}
 	if d.deadLetter && d.state != failed {
 		t.Errorf("%s: dead-lettered but state %s", name, d.state)
 	}
@@ -108,7 +117,7 @@ func checkInvariants(t *testing.T, name string, in decisionInput, d decision) {
 	if d.action == actRelease && (exp == possible || (exp == confirmed && in.status.State != settled)) {
 		t.Errorf("%s: releases the finalizer while money may be at the provider", name)
 	}
-	if in.obs.kind == obsAmbiguous && in.obs.submit && d.exposure != possible {
+	if (in.obs.kind == obsAmbiguous || in.obs.kind == obsInFlight) && in.obs.submit && d.exposure != possible {
 		t.Errorf("%s: an ambiguous submission leaves exposure %s", name, d.exposure)
 	}
 	if in.obs.kind == obsNone && d.exposure != exp {
@@ -152,10 +161,10 @@ func TestDecisionTable(t *testing.T) {
 		{name: "lookup not found: resend (continue)", st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
 			in: func(in *decisionInput) { in.obs = observation{kind: obsNotFound} }, action: actContinue, state: pending, exp: none},
 		{name: "failed lookup backs off, never submits (defect 2)", st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible, Failures: 2},
-			in: func(in *decisionInput) { in.obs = observation{kind: obsTerminal, message: "403"} },
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsTerminal, message: "403"} },
 			action: actWait, state: pending, exp: possible, wait: 4*time.Second - 400*time.Millisecond},
 		{name: "backoff grows with failed lookups (defect 12)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Failures: 6, Attempts: 1},
-			in: func(in *decisionInput) { in.obs = observation{kind: obsTransient} },
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsTransient} },
 			action: actWait, state: submitted, exp: possible, wait: time.Minute - 6*time.Second},
 		{name: "Retry-After is honoured", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 1},
 			in: func(in *decisionInput) {
@@ -168,7 +177,7 @@ func TestDecisionTable(t *testing.T) {
 			},
 			action: actWait, state: submitted, exp: none, wait: 2 * time.Minute},
 		{name: "429 restores None: resend directly later", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
-			in: func(in *decisionInput) { in.obs = observation{kind: obsTransient, submit: true, priorExposure: none} },
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsTransient, submit: true, priorExposure: none} },
 			action: actWait, state: submitted, exp: none, wait: time.Second - 100*time.Millisecond},
 		{name: "crash after 429: exposure Possible persisted, look up (defect 9)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 2,
 			LastError: &hooksv1alpha1.SettlementError{Class: errorClassTransient}},
@@ -176,6 +185,12 @@ func TestDecisionTable(t *testing.T) {
 		{name: "ambiguous submission raises Possible", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
 			in:     func(in *decisionInput) { in.obs = observation{kind: obsAmbiguous, submit: true, priorExposure: none} },
 			action: actWait, state: submitted, exp: possible, wait: time.Second - 100*time.Millisecond},
+		{name: "409 in use after a lookup said not found: Possible, never dead-letter (defect 1)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 5},
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsInFlight, submit: true, priorExposure: none} },
+			action: actWait, state: submitted, exp: possible, wait: 900 * time.Millisecond},
+		{name: "budget spent with None after a lookup's not found, but the last POST may still commit: ask by resending (defect 1)",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 5, LastSubmission: hooksv1alpha1.SubmissionMaybeReceived},
+			action: actSubmit, state: submitted, exp: none},
 		{name: "budget spent with None: dead-letter", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 5},
 			action: actDone, state: failed, exp: none, dl: true},
 		{name: "budget spent with Possible: keep asking (defect 1)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 5,
@@ -211,7 +226,9 @@ func TestDecisionTable(t *testing.T) {
 			in:     func(in *decisionInput) { in.obs = observation{kind: obsTerminal, submit: true, priorExposure: none} },
 			action: actDone, state: failed, exp: none, dl: true},
 		{name: "terminal refusal after an ambiguous attempt: ask, do not dead-letter", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 2},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsTerminal, submit: true, priorExposure: possible} },
+			in: func(in *decisionInput) {
+				in.obs = observation{kind: obsTerminal, submit: true, priorExposure: possible}
+			},
 			action: actWait, state: submitted, exp: possible, wait: 900 * time.Millisecond},
 		{name: "pending record vanished: RequiresReconciliation", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: confirmed, Attempts: 1},
 			in:     func(in *decisionInput) { in.obs = observation{kind: obsNotFound} },

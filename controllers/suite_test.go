@@ -66,7 +66,7 @@ var _ = BeforeSuite(func() {
 	k8s, err = client.New(cfg, client.Options{Scheme: env.Scheme})
 	Expect(err).NotTo(HaveOccurred())
 
-	billing, err = fakebilling.Start(fakebilling.Options{Token: billingToken})
+	billing, err = fakebilling.Start(fakebilling.Options{Token: billingToken, UsagePrice: 100})
 	Expect(err).NotTo(HaveOccurred())
 	sink, err = fakejobsink.Start(fakejobsink.Options{KnownJobs: fakejobsink.OnlyRegistered})
 	Expect(err).NotTo(HaveOccurred())

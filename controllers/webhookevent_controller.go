@@ -152,9 +152,15 @@ func (r *WebhookEventReconciler) dispatch(ctx context.Context, ev *hooksv1alpha1
 	}
 	var ops []hooksv1alpha1.OperationStatus
 	var errs []error
+	// firstSeen holds the jobs whose JobCompletion this reconcile created: they were
+	// never seen, so their default-key settlement cannot have been sent before.
+	firstSeen := map[string]string{}
 	for i := range ev.Spec.JobCompletions {
 		f := &ev.Spec.JobCompletions[i]
-		op, err := r.jobCompletion(ctx, ev, f, recorded[string(hooksv1alpha1.OperationJobCompletion)+"/"+f.JobID])
+		op, created, err := r.jobCompletion(ctx, ev, f, recorded[string(hooksv1alpha1.OperationJobCompletion)+"/"+f.JobID])
+		if created != "" {
+			firstSeen[f.JobID] = created
+		}
 		errs = append(errs, err)
 		ops = append(ops, withError(op, err))
 	}
@@ -178,7 +184,7 @@ func (r *WebhookEventReconciler) dispatch(ctx context.Context, ev *hooksv1alpha1
 			continue
 		}
 		op, err := r.settlement(ctx, ev, f, recorded[string(hooksv1alpha1.OperationBillingSettlement)+"/"+f.SettlementKey],
-			f.JobID != "" && superseded[f.JobID])
+			f.JobID != "" && superseded[f.JobID], firstSeen[f.JobID])
 		errs = append(errs, err)
 		ops = append(ops, withError(op, err))
 	}
@@ -217,8 +223,10 @@ func final(o hooksv1alpha1.OperationOutcome) bool {
 	return o != "" && o != hooksv1alpha1.OutcomePending && o != hooksv1alpha1.OutcomeFailed
 }
 
+// jobCompletion creates, advances or links the job's JobCompletion. created is
+// "<name>/<uid>" when this call created it (the job was never seen before).
 func (r *WebhookEventReconciler) jobCompletion(ctx context.Context, ev *hooksv1alpha1.WebhookEvent,
-	f *hooksv1alpha1.JobCompletionFacts, prev hooksv1alpha1.OperationStatus) (hooksv1alpha1.OperationStatus, error) {
+	f *hooksv1alpha1.JobCompletionFacts, prev hooksv1alpha1.OperationStatus) (hooksv1alpha1.OperationStatus, string, error) {
 	name := identity.JobCompletionName(ev.Spec.Provider, f.JobID)
 	op := hooksv1alpha1.OperationStatus{Type: hooksv1alpha1.OperationJobCompletion, Key: f.JobID, Child: name,
 		Outcome: hooksv1alpha1.OutcomePending}
@@ -231,7 +239,7 @@ func (r *WebhookEventReconciler) jobCompletion(ctx context.Context, ev *hooksv1a
 	if apierrors.IsNotFound(err) && final(prev.Outcome) {
 		// The cache may not have seen a child created moments ago: confirm live.
 		if err = r.APIReader.Get(ctx, key, &jc); apierrors.IsNotFound(err) {
-			return childDeleted(prev), nil
+			return childDeleted(prev), "", nil
 		}
 	}
 	if apierrors.IsNotFound(err) {
@@ -248,16 +256,16 @@ func (r *WebhookEventReconciler) jobCompletion(ctx context.Context, ev *hooksv1a
 		if err == nil {
 			op.Outcome, op.Message = hooksv1alpha1.OutcomeCreated, fmt.Sprintf("version %d", f.Version)
 			op.State = string(hooksv1alpha1.JobCompletionPending)
-			return op, nil
+			return op, jc.Name + "/" + string(jc.UID), nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
-			return op, fmt.Errorf("create jobcompletion %s: %w", name, err)
+			return op, "", fmt.Errorf("create jobcompletion %s: %w", name, err)
 		}
 		// Created concurrently by another event: read it live and compare.
 		err = r.APIReader.Get(ctx, key, &jc)
 	}
 	if err != nil {
-		return op, fmt.Errorf("get jobcompletion %s: %w", name, err)
+		return op, "", fmt.Errorf("get jobcompletion %s: %w", name, err)
 	}
 	op.State = mirroredJobState(&jc)
 	if f.Version < jc.Spec.Completion.Version {
@@ -267,7 +275,7 @@ func (r *WebhookEventReconciler) jobCompletion(ctx context.Context, ev *hooksv1a
 	}
 	if final(prev.Outcome) {
 		op.Outcome, op.Message = prev.Outcome, prev.Message
-		return op, nil
+		return op, "", nil
 	}
 
 	current := jc.Spec.Completion
@@ -279,7 +287,7 @@ func (r *WebhookEventReconciler) jobCompletion(ctx context.Context, ev *hooksv1a
 		jc.Spec.Completion = proposed
 		jc.Spec.Sink = f.Sink.DeepCopy()
 		if err := r.Update(ctx, &jc); err != nil {
-			return op, fmt.Errorf("propose version %d to jobcompletion %s: %w", f.Version, name, err)
+			return op, "", fmt.Errorf("propose version %d to jobcompletion %s: %w", f.Version, name, err)
 		}
 		op.Outcome = hooksv1alpha1.OutcomeCreated
 		op.Message = fmt.Sprintf("version %d replaces version %d", f.Version, current.Version)
@@ -302,7 +310,7 @@ func (r *WebhookEventReconciler) jobCompletion(ctx context.Context, ev *hooksv1a
 		r.Recorder.Eventf(&jc, ev, "Warning", hooksv1alpha1.ReasonVersionConflict, "Conflict",
 			"%s reports version %d with different content than %s", ev.Name, f.Version, current.SourceEvent)
 	}
-	return op, nil
+	return op, "", nil
 }
 
 // sameCompletion compares the facts of a completion, not who reported them.
@@ -313,13 +321,18 @@ func sameCompletion(a, b hooksv1alpha1.Completion) bool {
 
 // settlement creates or links the settlement of f. olderCompletion says this event's
 // completion of the same job was superseded by a newer one.
+// firstSeenJob is "<name>/<uid>" of the job's JobCompletion when this reconcile
+// created it; the settlement then carries it as its fresh-for-job annotation.
 func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alpha1.WebhookEvent,
-	f *hooksv1alpha1.SettlementFacts, prev hooksv1alpha1.OperationStatus, olderCompletion bool) (hooksv1alpha1.OperationStatus, error) {
+	f *hooksv1alpha1.SettlementFacts, prev hooksv1alpha1.OperationStatus, olderCompletion bool, firstSeenJob string) (hooksv1alpha1.OperationStatus, error) {
 	name := identity.SettlementName(ev.Spec.Provider, f.SettlementKey)
 	op := hooksv1alpha1.OperationStatus{Type: hooksv1alpha1.OperationBillingSettlement, Key: f.SettlementKey,
 		Child: name, Outcome: hooksv1alpha1.OutcomePending}
 	key := types.NamespacedName{Namespace: ev.Namespace, Name: name}
 	want := NewSettlement(ev, f)
+	if firstSeenJob != "" && f.SettlementKey == identity.DefaultSettlementKey(ev.Spec.Provider, f.JobID) {
+		want.Annotations = map[string]string{hooksv1alpha1.AnnotationFreshForJob: firstSeenJob}
+	}
 
 	var bs hooksv1alpha1.BillingSettlement
 	err := r.Get(ctx, key, &bs)

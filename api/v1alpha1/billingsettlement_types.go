@@ -61,6 +61,24 @@ const (
 	ExposureConfirmed Exposure = "Confirmed"
 )
 
+// SubmissionOutcome is what the provider's answer to the latest submission proves.
+// +kubebuilder:validation:Enum=Accepted;NotReceived;Refused;MaybeReceived
+type SubmissionOutcome string
+
+const (
+	// SubmissionAccepted: the provider answered with its record.
+	SubmissionAccepted SubmissionOutcome = "Accepted"
+	// SubmissionNotReceived: provably not received (429, connection refused).
+	SubmissionNotReceived SubmissionOutcome = "NotReceived"
+	// SubmissionRefused: refused for good (a 4xx); nothing was processed.
+	SubmissionRefused SubmissionOutcome = "Refused"
+	// SubmissionMaybeReceived: a timeout, a 5xx, a lost reply or a 409 "in use": the
+	// provider may still commit it. A settlement is never dead-lettered after this
+	// until a later submission is provably not received: a lookup's "not found" may
+	// come while the provider is still processing the request.
+	SubmissionMaybeReceived SubmissionOutcome = "MaybeReceived"
+)
+
 // Condition types of BillingSettlement.
 const (
 	// ConditionSubmitted is True once the settlement has been sent to the provider.
@@ -312,6 +330,10 @@ type BillingSettlementStatus struct {
 	// +optional
 	Exposure Exposure `json:"exposure,omitempty"`
 
+	// lastSubmission is what the provider's answer to the latest submission proves.
+	// +optional
+	LastSubmission SubmissionOutcome `json:"lastSubmission,omitempty"`
+
 	// sentTo is where the settlement's provider calls went while exposure was raised.
 	// +optional
 	SentTo *ProviderTarget `json:"sentTo,omitempty"`
@@ -338,6 +360,12 @@ type BillingSettlementStatus struct {
 	// nextAttemptAt is when the controller calls the provider again.
 	// +optional
 	NextAttemptAt *metav1.Time `json:"nextAttemptAt,omitempty"`
+
+	// chargedAmount is the amount the provider reports for its record, when it
+	// reports one: for a usage-priced charge it is what the provider computed, and the
+	// bound for refunds of it.
+	// +optional
+	ChargedAmount *Amount `json:"chargedAmount,omitempty"`
 
 	// settledAt is when the provider settled it.
 	// +optional

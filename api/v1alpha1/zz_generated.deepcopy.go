@@ -296,6 +296,11 @@ func (in *BillingSettlementStatus) DeepCopyInto(out *BillingSettlementStatus) {
 		in, out := &in.NextAttemptAt, &out.NextAttemptAt
 		*out = (*in).DeepCopy()
 	}
+	if in.ChargedAmount != nil {
+		in, out := &in.ChargedAmount, &out.ChargedAmount
+		*out = new(Amount)
+		**out = **in
+	}
 	if in.SettledAt != nil {
 		in, out := &in.SettledAt, &out.SettledAt
 		*out = (*in).DeepCopy()

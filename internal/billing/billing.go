@@ -187,6 +187,10 @@ type Error struct {
 	// KeyReused marks a 422 idempotency_key_reused: the key is bound to other
 	// parameters at the provider, which no retry can fix (RequiresReconciliation).
 	KeyReused bool
+	// InFlight marks a 409 idempotency_key_in_use: the call itself was refused, but a
+	// request with the same key is being processed right now and may still commit, so
+	// money may move even though this call did not reach the provider's books.
+	InFlight bool
 	// Message is a short, human-readable explanation without secrets.
 	Message string
 	// Err is the underlying network or decoding error, if any.

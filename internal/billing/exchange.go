@@ -169,7 +169,7 @@ func StatusError(resp Response, mutating bool, redact string) *Error {
 	}
 	switch {
 	case status == http.StatusConflict && code == "idempotency_key_in_use":
-		e.Class = Transient
+		e.Class, e.InFlight = Transient, true
 		e.Message = "a request with the same idempotency key is still in progress"
 	case status == http.StatusUnprocessableEntity && code == "idempotency_key_reused":
 		e.Class, e.KeyReused = Terminal, true

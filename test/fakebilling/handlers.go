@@ -30,6 +30,7 @@ const (
 	faultCommitThenTimeout
 	faultCommitThen500
 	faultSlow
+	faultCommitLater
 	faultReject
 )
 
@@ -81,6 +82,14 @@ func (s *Server) CommitThen500Next(n int) { s.enqueue(n, fault{kind: faultCommit
 // SlowNext delays the next n POSTs by d before handling them normally. The key counts
 // as in flight during the delay, so concurrent requests with it get 409.
 func (s *Server) SlowNext(n int, d time.Duration) { s.enqueue(n, fault{kind: faultSlow, delay: d}) }
+
+// CommitLaterNext makes the next n POSTs be processed for d whatever the client does:
+// the key stays in flight (other requests with it get 409 in use) and the charge
+// commits after d even if the client gave up long before — a provider still working
+// on a request our side has timed out.
+func (s *Server) CommitLaterNext(n int, d time.Duration) {
+	s.enqueue(n, fault{kind: faultCommitLater, delay: d})
+}
 
 // RejectNext makes the next n POSTs answer status with {"error": code}, without
 // committing: a terminal rejection such as 400 invalid_currency.
@@ -249,6 +258,22 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 			case <-s.done:
 				return
 			}
+		case faultCommitLater:
+			inFlight = false // the goroutine below owns the key now
+			go func() {
+				defer s.end(key)
+				select {
+				case <-time.After(f.delay):
+					s.commit(key, p)
+				case <-s.done:
+				}
+			}()
+			select {
+			case <-time.After(f.delay):
+			case <-r.Context().Done():
+			case <-s.done:
+			}
+			return
 		case faultFail:
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			w.WriteHeader(f.status)
@@ -299,6 +324,14 @@ func (s *Server) lookup(key string) (WireRecord, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.byKey[key]
+	if !ok {
+		// A forgotten key no longer deduplicates, but its record is still found.
+		for i := len(s.forgotten) - 1; i >= 0 && !ok; i-- {
+			if s.forgotten[i].IdempotencyKey == key {
+				e, ok = s.forgotten[i], true
+			}
+		}
+	}
 	if !ok {
 		return WireRecord{}, false
 	}

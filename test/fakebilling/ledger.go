@@ -67,7 +67,10 @@ type entry struct {
 	IdempotencyKey string
 	CreatedAt      time.Time
 	autoSettle     bool // pending until pollsLeft GETs have seen it, then settled
-	pollsLeft      int
+	// priced is the amount the provider computed for a usage-only request; it is
+	// reported but is not part of the request's parameters.
+	priced    *billing.Amount
+	pollsLeft int
 }
 
 // before is the ledger's order: creation time, then arrival.
@@ -88,6 +91,9 @@ func (e *entry) record() billing.Record {
 	}
 	if e.Amount != nil {
 		a := *e.Amount
+		r.Amount = &a
+	} else if e.priced != nil {
+		a := *e.priced
 		r.Amount = &a
 	}
 	return r
@@ -145,6 +151,8 @@ func (e *entry) wire() WireRecord {
 	}
 	if e.Amount != nil {
 		w.Amount = &WireAmount{Minor: e.Amount.Minor, Currency: e.Amount.Currency}
+	} else if e.priced != nil {
+		w.Amount = &WireAmount{Minor: e.priced.Minor, Currency: e.priced.Currency}
 	}
 	return w
 }

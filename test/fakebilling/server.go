@@ -18,6 +18,8 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -45,6 +47,10 @@ type Options struct {
 	// PendingPolls is how many GETs a new record answers "pending" before it answers
 	// "settled", to exercise the operator's polling; 0 settles at once.
 	PendingPolls int
+	// UsagePrice, when set, prices usage: a usage-only request is charged UsagePrice
+	// minor units of USD per whole unit of quantity, reported as the record's amount
+	// (as a provider that prices usage itself does). 0 reports no amount.
+	UsagePrice int64
 	// PageSize is the List page size, default 100; small values exercise paging.
 	PageSize int
 }
@@ -334,6 +340,13 @@ func (s *Server) FailNextLookups(n int, status int) {
 	}
 }
 
+// ClearLookupFaults drops the lookup faults not consumed yet.
+func (s *Server) ClearLookupFaults() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lookupFaults = nil
+}
+
 // MinimalLookups makes lookups answer only id, status, idempotency_key and
 // settlement_key, like a provider whose GET omits the amount and usage: such a record
 // proves nothing about what was charged.
@@ -489,6 +502,12 @@ func (s *Server) commit(key string, p params) (rec WireRecord, created, reused b
 	}
 	if s.opts.PendingPolls > 0 {
 		e.Status, e.autoSettle, e.pollsLeft = billing.StatusPending, true, s.opts.PendingPolls
+	}
+	if s.opts.UsagePrice > 0 && p.Amount == nil && p.Usage != nil {
+		whole, _, _ := strings.Cut(p.Usage.Quantity, ".")
+		if n, err := strconv.ParseInt(whole, 10, 64); err == nil {
+			e.priced = &billing.Amount{Minor: n * s.opts.UsagePrice, Currency: "USD"}
+		}
 	}
 	s.byKey[key] = e
 	return e.wire(), true, false
