@@ -120,3 +120,81 @@ var _ = Describe("deleting a BillingProvider (issue 10)", func() {
 		Expect(n).To(BeZero())
 	})
 })
+
+// What a namespace deletion does (issue 10). envtest has no namespace controller and
+// no garbage collector: deleting the namespace only marks it Terminating, so this
+// test does by hand what the namespace controller does in a cluster — it deletes
+// every object in the namespace, and the Secrets (no finalizer) go at once. It pins
+// down a known limit documented in docs/runbook.md ("Deleting a namespace"): once the
+// credentials Secret is gone and the namespace is Terminating (no new object can be
+// created in it, not even a Kubernetes Event), a settlement held by its finalizer
+// cannot reach its provider any more, and only a human can end the wait.
+var _ = Describe("deleting a namespace (issue 10, known limit)", func() {
+	It("keeps the namespace Terminating while settlements are unresolved, and their Secret cannot come back", func() {
+		ns := newTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Retry.MaxAttempts = 1000
+		})
+		Expect(billing.SetDown(true)).To(Succeed())
+		downed := true
+		defer func() {
+			if downed {
+				_ = billing.SetDown(false)
+			}
+		}()
+		sendOK(ns, "msg_ns_delete", jobEvent("job-ns-delete", 1, 13))
+		Eventually(settlementState(ns, "job-ns-delete")).Should(Equal(hooksv1alpha1.SettlementSubmitted))
+		Eventually(func() []string {
+			bp := &hooksv1alpha1.BillingProvider{}
+			Expect(k8s.Get(ctx, billingProviderKey(ns), bp)).To(Succeed())
+			return bp.Finalizers
+		}).Should(ContainElement(hooksv1alpha1.FinalizerBillingProviderInUse))
+
+		namespace := &corev1.Namespace{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Name: ns}, namespace)).To(Succeed())
+		Expect(k8s.Delete(ctx, namespace)).To(Succeed())
+		Expect(k8s.Get(ctx, client.ObjectKey{Name: ns}, namespace)).To(Succeed())
+		Expect(namespace.Status.Phase).To(Equal(corev1.NamespaceTerminating))
+
+		// The namespace controller's work, by hand: everything in the namespace is deleted.
+		for _, obj := range []client.Object{&corev1.Secret{}, &hooksv1alpha1.WebhookProvider{}, &hooksv1alpha1.WebhookEvent{},
+			&hooksv1alpha1.JobCompletion{}, &hooksv1alpha1.BillingSettlement{}, &hooksv1alpha1.BillingProvider{}} {
+			Expect(k8s.DeleteAllOf(ctx, obj, client.InNamespace(ns))).To(Succeed())
+		}
+		var secrets corev1.SecretList
+		Expect(k8s.List(ctx, &secrets, client.InNamespace(ns))).To(Succeed())
+		Expect(secrets.Items).To(BeEmpty(), "Secrets have no finalizer: they go first")
+
+		Expect(billing.SetDown(false)).To(Succeed())
+		downed = false
+		bs := settlementOf(ns, "job-ns-delete")
+		Expect(bs.DeletionTimestamp).NotTo(BeNil())
+		Consistently(func(g Gomega) {
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(bs), bs)).To(Succeed())
+			g.Expect(bs.Status.State).To(Equal(hooksv1alpha1.SettlementSubmitted),
+				"the provider is up again, but the settlement has no credentials to ask it")
+			g.Expect(k8s.Get(ctx, billingProviderKey(ns), &hooksv1alpha1.BillingProvider{})).To(Succeed())
+		}).WithTimeout(3 * time.Second).Should(Succeed())
+		Expect(billing.Charges(key("job-ns-delete"))).To(BeZero())
+		ready := condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady)
+		Expect(ready).NotTo(BeNil())
+		Expect(ready.Message).To(And(ContainSubstring(fixtures.BillingSecretName), ContainSubstring("not found")),
+			"the calls now fail for want of credentials")
+
+		// The Secret cannot be put back: a Terminating namespace admits no new object.
+		for _, sec := range fixtures.Secrets(ns, billingToken) {
+			err := k8s.Create(ctx, sec)
+			Expect(apierrors.IsForbidden(err)).To(BeTrue(), "create %s in a terminating namespace: %v", sec.Name, err)
+		}
+
+		// The runbook's way out, once the provider has been asked by key by hand:
+		// remove the settlement's finalizer. The BillingProvider then goes by itself:
+		// nothing holds it any more. (In a cluster the namespace then finishes.)
+		patch := client.MergeFrom(bs.DeepCopy())
+		bs.Finalizers = nil
+		Expect(k8s.Patch(ctx, bs, patch)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{}))
+		}).Should(BeTrue())
+		Eventually(billingProviderGone(ns)).WithTimeout(5 * time.Second).Should(BeTrue())
+	})
+})
