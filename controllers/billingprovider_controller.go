@@ -7,13 +7,20 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
@@ -53,7 +60,7 @@ type BillingProviderReconciler struct {
 	clients providerClients
 }
 
-// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingproviders,verbs=get;list;watch
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingproviders,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingproviders/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=reconciliationreports,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=reconciliationreports/status,verbs=get;update;patch
@@ -70,23 +77,45 @@ func (r *BillingProviderReconciler) now() time.Time {
 	return time.Now()
 }
 
-// Reconcile checks the provider's credentials and runs a pass when one is due.
-func (r *BillingProviderReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
+// Reconcile checks the provider's credentials and runs a pass when one is due; while
+// the provider is being deleted it only decides whether the deletion may go ahead.
+func (r *BillingProviderReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var bp hooksv1alpha1.BillingProvider
 	if err := r.Get(ctx, req.NamespacedName, &bp); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	if !bp.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, &bp)
+	}
+	// The finalizer goes on before anything else: settlements start using a provider
+	// as soon as it exists, and its deletion must wait for those that may have moved
+	// money there. (A provider deleted before its first reconcile goes at once.)
+	if !controllerutil.ContainsFinalizer(&bp, hooksv1alpha1.FinalizerBillingProviderInUse) {
+		// Optimistic lock: finalizers is a list, a merge patch replaces it whole, and
+		// another controller's finalizer added meanwhile must not be dropped.
+		patch := client.MergeFromWithOptions(bp.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		controllerutil.AddFinalizer(&bp, hooksv1alpha1.FinalizerBillingProviderInUse)
+		if err := r.Patch(ctx, &bp, patch); err != nil {
+			return ctrl.Result{}, fmt.Errorf("add finalizer to billingprovider %s: %w", req.NamespacedName, err)
+		}
+	}
+	return r.reconcileNormal(ctx, &bp)
+}
+
+// reconcileNormal checks the credentials and runs a pass when one is due; status is
+// patched once, at the end.
+func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hooksv1alpha1.BillingProvider) (result ctrl.Result, err error) {
 	before := bp.DeepCopy()
 	defer func() {
 		if !equality.Semantic.DeepEqual(before.Status, bp.Status) {
-			if perr := r.Status().Patch(ctx, &bp, client.MergeFrom(before)); perr != nil && err == nil {
-				err = fmt.Errorf("patch status of billingprovider %s: %w", req.NamespacedName, perr)
+			if perr := r.Status().Patch(ctx, bp, client.MergeFrom(before)); perr != nil && err == nil {
+				err = fmt.Errorf("patch status of billingprovider %s/%s: %w", bp.Namespace, bp.Name, perr)
 			}
 		}
 	}()
 	bp.Status.ObservedGeneration = bp.Generation
 
-	c, err := r.clientFor(ctx, &bp)
+	c, err := r.clientFor(ctx, bp)
 	if err != nil {
 		setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 			ReasonBillingProviderNotFound, truncateMessage(err.Error()))
@@ -95,28 +124,28 @@ func (r *BillingProviderReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
 		hooksv1alpha1.ReasonValid, "credentials found; settlements are sent to "+bp.Spec.Endpoint)
 
-	policy := reconciliationPolicyOf(&bp)
+	policy := reconciliationPolicyOf(bp)
 	now := r.now()
 	if last := bp.Status.LastReconciliation; last != nil {
 		if due := last.Add(policy.interval); now.Before(due) {
 			return ctrl.Result{RequeueAfter: due.Sub(now)}, nil
 		}
 	}
-	report, listedAll, err := r.pass(ctx, &bp, c, policy, now)
+	report, listedAll, err := r.pass(ctx, bp, c, policy, now)
 	if err != nil && report == "" {
 		return ctrl.Result{}, err
 	}
 	if err != nil {
 		// The report records the failure; the next pass comes at the usual interval
 		// rather than in a tight error loop against a provider that is down.
-		r.Recorder.Eventf(&bp, nil, "Warning", "ReconciliationFailed", "Reconcile", "%s: %s", report, truncateMessage(err.Error()))
+		r.Recorder.Eventf(bp, nil, "Warning", "ReconciliationFailed", "Reconcile", "%s: %s", report, truncateMessage(err.Error()))
 	}
 	end := metav1.NewTime(now)
 	bp.Status.LastReconciliation, bp.Status.LastReport = &end, report
 	if listedAll {
 		bp.Status.ProviderListedUntil = &end
 	}
-	if err := r.prune(ctx, &bp, policy.keep); err != nil {
+	if err := r.prune(ctx, bp, policy.keep); err != nil {
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{RequeueAfter: policy.interval}, nil
@@ -168,11 +197,148 @@ func (r *BillingProviderReconciler) prune(ctx context.Context, bp *hooksv1alpha1
 	return nil
 }
 
+// IndexSettlementBillingProvider indexes BillingSettlements by
+// spec.billingProviderRef: a deleting BillingProvider looks up the settlements that
+// reference it without walking every settlement of the namespace.
+const IndexSettlementBillingProvider = "spec.billingProviderRef"
+
+// deletionNamesShown is how many holding settlements the Deleting condition names.
+const deletionNamesShown = 2
+
+// reconcileDelete lets the deletion go ahead once no referencing settlement may have
+// moved money here unresolved (SettlementHoldsProvider); until then it holds the
+// finalizer and says why. It runs no pass and checks nothing: the provider, its
+// endpoint and its credentials Secret stay exactly as they are, because the holding
+// settlements keep calling it (they read it from the cache, deletionTimestamp and all)
+// until the provider answers for them.
+func (r *BillingProviderReconciler) reconcileDelete(ctx context.Context, bp *hooksv1alpha1.BillingProvider) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(bp, hooksv1alpha1.FinalizerBillingProviderInUse) {
+		return ctrl.Result{}, nil // not ours to hold (someone else's finalizer keeps it)
+	}
+	holders, err := r.settlementsHolding(ctx, bp)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if len(holders) == 0 {
+		patch := client.MergeFromWithOptions(bp.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		controllerutil.RemoveFinalizer(bp, hooksv1alpha1.FinalizerBillingProviderInUse)
+		if err := r.Patch(ctx, bp, patch); err != nil && !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, fmt.Errorf("remove finalizer of billingprovider %s/%s: %w", bp.Namespace, bp.Name, err)
+		}
+		ctrl.LoggerFrom(ctx).Info("no settlement holds the billing provider any more; deletion goes ahead")
+		return ctrl.Result{}, nil
+	}
+
+	before := bp.DeepCopy()
+	msg := deletionWaitMessage(bp.Namespace, holders)
+	prev := apimeta.FindStatusCondition(bp.Status.Conditions, hooksv1alpha1.ConditionDeleting)
+	announce := prev == nil || prev.Status != metav1.ConditionTrue || prev.Reason != hooksv1alpha1.ReasonSettlementsInFlight
+	bp.Status.ObservedGeneration = bp.Generation
+	setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionDeleting, metav1.ConditionTrue,
+		hooksv1alpha1.ReasonSettlementsInFlight, msg)
+	if equality.Semantic.DeepEqual(before.Status, bp.Status) {
+		return ctrl.Result{}, nil
+	}
+	// Optimistic lock: a copy from a cache that has not seen our last write yet fails
+	// here instead of announcing the wait a second time.
+	if err := r.Status().Patch(ctx, bp, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		return ctrl.Result{}, fmt.Errorf("patch status of billingprovider %s/%s: %w", bp.Namespace, bp.Name, err)
+	}
+	if announce {
+		r.Recorder.Eventf(bp, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonSettlementsInFlight, "Delete", "%s", msg)
+	}
+	// No requeue: a holding settlement's change re-triggers this (see SetupWithManager).
+	return ctrl.Result{}, nil
+}
+
+// settlementsHolding returns the names, sorted, of the settlements that reference the
+// provider and hold it.
+func (r *BillingProviderReconciler) settlementsHolding(ctx context.Context, bp *hooksv1alpha1.BillingProvider) ([]string, error) {
+	var l hooksv1alpha1.BillingSettlementList
+	// Read-only use of the cache's objects: no deep copy of every referencing settlement.
+	if err := r.List(ctx, &l, client.InNamespace(bp.Namespace),
+		client.MatchingFields{IndexSettlementBillingProvider: bp.Name}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("list settlements of billingprovider %s/%s: %w", bp.Namespace, bp.Name, err)
+	}
+	var names []string
+	for i := range l.Items {
+		if SettlementHoldsProvider(&l.Items[i]) {
+			names = append(names, l.Items[i].Name)
+		}
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+// deletionWaitMessage says why the deletion waits, how many settlements hold it, and
+// names the first of them.
+func deletionWaitMessage(namespace string, holders []string) string {
+	n := len(holders)
+	shown := strings.Join(holders[:min(n, deletionNamesShown)], ", ")
+	if n > deletionNamesShown {
+		shown += fmt.Sprintf(" and %d more", n-deletionNamesShown)
+	}
+	what := fmt.Sprintf("%d settlements may have moved money at this provider and have no final answer yet (%s); "+
+		"they keep asking it by key, with its endpoint and credentials Secret, until they settle or fail", n, shown)
+	if n == 1 {
+		what = fmt.Sprintf("1 settlement may have moved money at this provider and has no final answer yet (%s); "+
+			"it keeps asking it by key, with its endpoint and credentials Secret, until it settles or fails", shown)
+	}
+	return truncateMessage("deletion waits: " + what + "; keep that Secret (kubectl get billingsettlements -n " + namespace + ")")
+}
+
 // SetupWithManager registers the controller. Passes are driven by RequeueAfter;
-// spec changes (e.g. a shorter interval) take effect at once.
+// spec changes (e.g. a shorter interval) take effect at once. A deleting provider is
+// reconciled again whenever a settlement referencing it starts or stops holding it.
 func (r *BillingProviderReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &hooksv1alpha1.BillingSettlement{},
+		IndexSettlementBillingProvider, func(obj client.Object) []string {
+			return []string{obj.(*hooksv1alpha1.BillingSettlement).Spec.BillingProviderRef}
+		}); err != nil {
+		return fmt.Errorf("index billingsettlements by billingProviderRef: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(BillingProviderControllerName).
-		For(&hooksv1alpha1.BillingProvider{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(&hooksv1alpha1.BillingProvider{}, builder.WithPredicates(predicate.Or(
+			predicate.GenerationChangedPredicate{},
+			predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+				return e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
+			}}))).
+		Watches(&hooksv1alpha1.BillingSettlement{}, handler.EnqueueRequestsFromMapFunc(r.deletingProviderOf),
+			builder.WithPredicates(holdChanged())).
 		Complete(r)
+}
+
+// deletingProviderOf maps a settlement to its BillingProvider, only while that
+// provider is being deleted: a live provider has nothing to decide about it.
+func (r *BillingProviderReconciler) deletingProviderOf(ctx context.Context, obj client.Object) []reconcile.Request {
+	bs, ok := obj.(*hooksv1alpha1.BillingSettlement)
+	if !ok {
+		return nil
+	}
+	key := types.NamespacedName{Namespace: bs.Namespace, Name: bs.Spec.BillingProviderRef}
+	var bp hooksv1alpha1.BillingProvider
+	if err := r.Get(ctx, key, &bp); err != nil || bp.DeletionTimestamp.IsZero() {
+		// Not found or not deleting (as far as the cache knows). A deletion the
+		// cache has not shown yet reconciles on its own event, and then lists the
+		// settlements from a cache that already holds this change.
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: key}}
+}
+
+// holdChanged passes a settlement event only when SettlementHoldsProvider's answer
+// changed (or the settlement is gone): nothing else can release or newly hold a
+// provider, and settlements change far more often than that.
+func holdChanged() predicate.Predicate {
+	holds := func(obj client.Object) bool {
+		bs, ok := obj.(*hooksv1alpha1.BillingSettlement)
+		return ok && SettlementHoldsProvider(bs)
+	}
+	return predicate.Funcs{
+		CreateFunc:  func(e event.CreateEvent) bool { return holds(e.Object) },
+		UpdateFunc:  func(e event.UpdateEvent) bool { return holds(e.ObjectOld) != holds(e.ObjectNew) },
+		DeleteFunc:  func(event.DeleteEvent) bool { return true },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
 }

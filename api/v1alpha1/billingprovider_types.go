@@ -15,6 +15,29 @@ const (
 	BillingProviderHTTP BillingProviderType = "HTTP"
 )
 
+// FinalizerBillingProviderInUse is put on every BillingProvider by its controller and
+// blocks its deletion while a settlement that references it may have moved money and
+// is not resolved yet: such a settlement can only be resolved by asking this provider
+// by key, with its endpoint and credentials. It is released as soon as no
+// referencing settlement holds it (see the Deleting condition).
+const FinalizerBillingProviderInUse = "hooks.settlement.dev/billing-provider-in-use"
+
+// Condition types of BillingProvider (Ready is shared, see common_types.go).
+const (
+	// ConditionDeleting is True while the BillingProvider is being deleted and its
+	// deletion waits for settlements that may have moved money at it; the message
+	// says how many and names some of them.
+	ConditionDeleting = "Deleting"
+)
+
+// Reasons on BillingProvider conditions and Kubernetes Events.
+const (
+	// ReasonSettlementsInFlight: deletion waits because settlements that reference
+	// the provider may have moved money there and are not resolved; they still use
+	// it (and its credentials Secret) until the provider answers for them.
+	ReasonSettlementsInFlight = "SettlementsInFlight"
+)
+
 // RetryPolicy bounds how a settlement is retried. Every retry uses the same key.
 // +kubebuilder:validation:XValidation:rule="duration(self.initialBackoff) <= duration(self.maxBackoff)",message="initialBackoff must not exceed maxBackoff"
 type RetryPolicy struct {
@@ -136,7 +159,9 @@ type BillingProviderStatus struct {
 	// +kubebuilder:validation:MaxLength=253
 	LastReport string `json:"lastReport,omitempty"`
 
-	// conditions: Ready is True when the credentials Secret exists and has its key.
+	// conditions: Ready is True when the credentials Secret exists and has its key;
+	// Deleting is True while a deletion waits for settlements that may have moved
+	// money at this provider and are not resolved yet.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
