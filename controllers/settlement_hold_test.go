@@ -33,8 +33,8 @@ func TestSettlementHoldsProvider(t *testing.T) {
 		outcomeUnknown bool
 		want           bool
 	}{
-		{name: "new, no status", want: false},
-		{name: "pending, never sent", state: pending, want: false},
+		{name: "new, no status (exposure not decided yet)", want: true},
+		{name: "pending, exposure not decided yet", state: pending, want: true},
 		{name: "pending, exposure None, never sent", exposure: none, state: pending, want: false},
 
 		{name: "Possible while submitted", exposure: possible, state: submitted, firstSubmitted: sent, want: true},
@@ -44,8 +44,8 @@ func TestSettlementHoldsProvider(t *testing.T) {
 
 		{name: "Confirmed, pending at the provider (polled)", exposure: confirmed, state: submitted, firstSubmitted: sent, want: true},
 		{name: "Confirmed and settled", exposure: confirmed, state: settled, firstSubmitted: sent, want: false},
-		{name: "Confirmed and failed by the provider", exposure: confirmed, state: failed, firstSubmitted: sent, want: false},
-		{name: "Confirmed, requires reconciliation (a human decides)", exposure: confirmed, state: review, firstSubmitted: sent, want: false},
+		{name: "Confirmed but Failed (an older operator dead-lettered a pending charge)", exposure: confirmed, state: failed, firstSubmitted: sent, want: true},
+		{name: "Confirmed, requires reconciliation (the record vanished)", exposure: confirmed, state: review, firstSubmitted: sent, want: true},
 
 		{name: "None after an authoritative not-found, still being submitted", exposure: none, state: submitted, firstSubmitted: sent, want: true},
 		{name: "None and dead-lettered", exposure: none, state: failed, firstSubmitted: sent, want: false},
@@ -56,7 +56,7 @@ func TestSettlementHoldsProvider(t *testing.T) {
 		{name: "legacy: outcomeUnknown left on a failed settlement", state: failed, firstSubmitted: sent, outcomeUnknown: true, want: true},
 		{name: "legacy: settled", state: settled, firstSubmitted: sent, want: false},
 		{name: "legacy: failed", state: failed, firstSubmitted: sent, want: false},
-		{name: "legacy: requires reconciliation", state: review, firstSubmitted: sent, want: false},
+		{name: "legacy: requires reconciliation (money may be there)", state: review, firstSubmitted: sent, want: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bs := &hooksv1alpha1.BillingSettlement{Status: hooksv1alpha1.BillingSettlementStatus{
