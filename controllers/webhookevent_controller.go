@@ -315,14 +315,20 @@ func sameCompletion(a, b hooksv1alpha1.Completion) bool {
 // completion of the same job was superseded by a newer one.
 func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alpha1.WebhookEvent,
 	f *hooksv1alpha1.SettlementFacts, prev hooksv1alpha1.OperationStatus, olderCompletion bool) (hooksv1alpha1.OperationStatus, error) {
-	name := identity.SettlementName(ev.Spec.Provider, f.SettlementKey)
+	want := NewSettlement(ev, f)
+	name := want.Name
 	op := hooksv1alpha1.OperationStatus{Type: hooksv1alpha1.OperationBillingSettlement, Key: f.SettlementKey,
 		Child: name, Outcome: hooksv1alpha1.OutcomePending}
 	key := types.NamespacedName{Namespace: ev.Namespace, Name: name}
-	want := NewSettlement(ev, f)
 
 	var bs hooksv1alpha1.BillingSettlement
 	err := r.Get(ctx, key, &bs)
+	if apierrors.IsNotFound(err) {
+		if legacy, ok := r.legacySettlement(ctx, ev, f); ok {
+			bs, err = legacy, nil
+			op.Child = bs.Name
+		}
+	}
 	if apierrors.IsNotFound(err) && final(prev.Outcome) {
 		if err = r.APIReader.Get(ctx, key, &bs); apierrors.IsNotFound(err) {
 			return childDeleted(prev), nil
@@ -370,9 +376,31 @@ func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alph
 	return op, nil
 }
 
+// legacySettlement finds the settlement a keyFrom charge was created under before keys
+// were namespaced (issue 10): the same logical charge under its legacy key and name.
+// Without it, a charge made before the upgrade would be made again under the new key.
+// A job's charge needs no such lookup: its name did not change.
+func (r *WebhookEventReconciler) legacySettlement(ctx context.Context, ev *hooksv1alpha1.WebhookEvent,
+	f *hooksv1alpha1.SettlementFacts) (hooksv1alpha1.BillingSettlement, bool) {
+	var bs hooksv1alpha1.BillingSettlement
+	k, ok := identity.ParseSettlementKey(f.SettlementKey)
+	if !ok || k.Kind != identity.KeyKindFields {
+		return bs, false
+	}
+	name := identity.SettlementName(ev.Spec.Provider, k.LegacyKey())
+	if err := r.Get(ctx, types.NamespacedName{Namespace: ev.Namespace, Name: name}, &bs); err != nil {
+		return bs, false
+	}
+	// Legacy objects predate the upgrade, so the cache has them; the key check keeps
+	// a hand-made settlement that merely shares the name from being taken for it.
+	return bs, bs.Spec.SettlementKey == k.LegacyKey()
+}
+
 // NewSettlement builds the BillingSettlement an event's settlement facts ask for: its
-// name and idempotency key derive from the settlement key alone, so every event
-// asking for the same charge names the same object and the same provider key.
+// name derives from the settlement key (identity.SettlementNameFor), its idempotency
+// key from the namespace and the settlement key, so every event asking for the same
+// charge names the same object and the same provider key, and no other tenant's
+// charge ever presents that key.
 func NewSettlement(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.SettlementFacts) *hooksv1alpha1.BillingSettlement {
 	labels := map[string]string{
 		hooksv1alpha1.LabelProvider:        ev.Spec.Provider,
@@ -386,22 +414,42 @@ func NewSettlement(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.SettlementFa
 	return &hooksv1alpha1.BillingSettlement{
 		// The protection finalizer is set at creation: no separate write later, and no
 		// window in which a settlement exists without it.
-		ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: identity.SettlementName(ev.Spec.Provider, f.SettlementKey),
+		ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: identity.SettlementNameFor(ev.Spec.Provider, f.SettlementKey),
 			Labels: labels, Finalizers: []string{hooksv1alpha1.FinalizerSettlementProtection}},
 		Spec: hooksv1alpha1.BillingSettlementSpec{
 			BillingProviderRef: f.BillingProviderRef, SettlementKey: f.SettlementKey,
-			IdempotencyKey: identity.IdempotencyKey(f.SettlementKey), Type: hooksv1alpha1.SettlementCharge,
+			IdempotencyKey: identity.NamespacedIdempotencyKey(ev.Namespace, f.SettlementKey), Type: hooksv1alpha1.SettlementCharge,
 			Customer: f.Customer, Usage: f.Usage.DeepCopy(), Amount: f.Amount.DeepCopy(), JobID: f.JobID,
 			WebhookProvider: ev.Spec.Provider, SourceEvent: ev.Name,
 		},
 	}
 }
 
-// sameCharge compares what would be charged, not which event asked first.
+// sameCharge compares what would be charged, not which event asked first. A
+// settlement stored before keys were namespaced holds the same operation's legacy
+// settlement key and idempotency key (and a stored event's legacy key is charged with
+// a namespaced idempotency key from now on): the keys are then not compared, the
+// charge is.
 func sameCharge(a, b hooksv1alpha1.BillingSettlementSpec) bool {
 	a.SourceEvent, b.SourceEvent = "", ""
 	a.Metadata, b.Metadata = nil, nil
+	if sameOperation(a.SettlementKey, b.SettlementKey) {
+		a.SettlementKey, b.SettlementKey = "", ""
+		a.IdempotencyKey, b.IdempotencyKey = "", ""
+	}
 	return equality.Semantic.DeepEqual(a, b)
+}
+
+// sameOperation reports whether two settlement keys name one logical operation: equal,
+// or one the legacy form of the other.
+func sameOperation(a, b string) bool {
+	legacy := func(key string) string {
+		if k, ok := identity.ParseSettlementKey(key); ok {
+			return k.LegacyKey()
+		}
+		return key
+	}
+	return a == b || legacy(a) == legacy(b) && (a == legacy(a) || b == legacy(b))
 }
 
 // eventHash is the hash part of an event's name, short enough for a label value.
@@ -524,7 +572,11 @@ func eventChildren(obj client.Object) []string {
 		names = append(names, identity.JobCompletionName(ev.Spec.Provider, f.JobID))
 	}
 	for _, f := range ev.Spec.Settlements {
-		names = append(names, identity.SettlementName(ev.Spec.Provider, f.SettlementKey))
+		names = append(names, identity.SettlementNameFor(ev.Spec.Provider, f.SettlementKey))
+		if k, ok := identity.ParseSettlementKey(f.SettlementKey); ok && k.Kind == identity.KeyKindFields {
+			// The charge may live under its legacy name (legacySettlement).
+			names = append(names, identity.SettlementName(ev.Spec.Provider, k.LegacyKey()))
+		}
 	}
 	return names
 }

@@ -46,6 +46,7 @@ var (
 // Extractor is a compiled WebhookProvider spec. It is immutable and safe for
 // concurrent use.
 type Extractor struct {
+	namespace     string
 	provider      string
 	eventIDHeader string
 	eventIDPath   *payload.Path
@@ -93,10 +94,13 @@ type settlementMapping struct {
 }
 
 // Compile parses every path of a provider's spec. The error lists the first bad path
-// with the field it sits in, for the provider's Ready condition.
-func Compile(providerName string, spec *hooksv1alpha1.WebhookProviderSpec) (*Extractor, error) {
+// with the field it sits in, for the provider's Ready condition. namespace and
+// providerName are the WebhookProvider's: settlement keys are derived from both, so
+// that the same provider name in two namespaces never shares a key.
+func Compile(namespace, providerName string, spec *hooksv1alpha1.WebhookProviderSpec) (*Extractor, error) {
 	c := &compiler{}
 	x := &Extractor{
+		namespace:     namespace,
 		provider:      providerName,
 		eventIDHeader: spec.EventID.Header,
 		eventIDPath:   c.optional("spec.eventID.jsonPath", spec.EventID.JSONPath),
@@ -157,7 +161,7 @@ func Compile(providerName string, spec *hooksv1alpha1.WebhookProviderSpec) (*Ext
 					sm.keyFrom = append(sm.keyFrom, c.required(fmt.Sprintf("%s.settlement.keyFrom[%d]", at, i), p))
 				}
 				if sm.jobID == nil && len(sm.keyFrom) == 0 {
-					c.fail("%s.settlement: set keyFrom, or jobID for the default key <provider>/<jobID>", at)
+					c.fail("%s.settlement: set keyFrom, or jobID for the job's default key", at)
 				}
 				if m.Amount != nil {
 					sm.amountMinor = c.optional(at+".settlement.amount.minor", m.Amount.Minor)
@@ -468,18 +472,20 @@ func (x *Extractor) settlementFacts(m *settlementMapping, doc, item any) (hooksv
 			return f, err
 		}
 	}
+	// Keys are namespaced and unambiguously encoded (identity: Keys, issue 10); a
+	// keyFrom key and a job's default key never share a key space.
 	if len(m.keyFrom) > 0 {
-		parts := []string{x.provider}
+		values := make([]string, 0, len(m.keyFrom))
 		for _, p := range m.keyFrom {
 			v, err := requiredString(p, doc, item, "settlement key field", 256)
 			if err != nil {
 				return f, err
 			}
-			parts = append(parts, v)
+			values = append(values, v)
 		}
-		f.SettlementKey = strings.Join(parts, "/")
+		f.SettlementKey = identity.FieldsSettlementKey(x.namespace, x.provider, values...)
 	} else {
-		f.SettlementKey = identity.DefaultSettlementKey(x.provider, f.JobID)
+		f.SettlementKey = identity.JobSettlementKey(x.namespace, x.provider, f.JobID)
 	}
 	if len(f.SettlementKey) > 512 {
 		return f, invalid("settlement key is %d bytes long; at most 512 are accepted", len(f.SettlementKey))
