@@ -2,11 +2,16 @@ package controllers_test
 
 import (
 	"fmt"
+	"net/http"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/test/sender"
 )
 
 // Keys (issue 10): tenants never share a key, keys never collide, and a job's charge
@@ -60,6 +65,23 @@ var _ = Describe("keys (issue 10)", func() {
 			}
 			Expect(billing.Charges(k0)).To(Equal(1))
 			Expect(billing.Charges(k1)).To(Equal(1))
+		})
+
+		It("refuses with 400 an event two of whose items yield the same key, and stores nothing", func() {
+			ns := newTenant(withLines)
+			var r sender.Response
+			Eventually(func() int {
+				r = send(ns, "msg_dupitems", invoice("cus_dupitems", [2]string{"x", "1"}, [2]string{"x", "1"}))
+				return r.Status
+			}).ShouldNot(Equal(http.StatusNotFound)) // the receiver's cache has the provider
+			Expect(r.Status).To(Equal(http.StatusBadRequest), r.Body)
+			Expect(r.Body).To(ContainSubstring("same settlement key"))
+			Expect(r.Body).To(ContainSubstring("items 0 and 1"))
+			Expect(r.Body).To(ContainSubstring(".data.lines"))
+			Expect(r.Body).NotTo(ContainSubstring("cus_dupitems"), "the message never echoes the payload")
+			err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.EventName(ns, "inference", "msg_dupitems")},
+				&hooksv1alpha1.WebhookEvent{})
+			Expect(apierrors.IsNotFound(err)).To(BeTrue(), "nothing is stored: %v", err)
 		})
 	})
 })

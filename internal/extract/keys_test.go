@@ -1,7 +1,9 @@
 package extract
 
 import (
+	"errors"
 	"net/http"
+	"strings"
 	"testing"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
@@ -75,5 +77,52 @@ func TestSettlementKeysDoNotCollide(t *testing.T) {
 	fields := mustFacts(t, "ns", lines(`{"a":"x","b":"y","cents":1}`))
 	if jk, fk := job.Settlements[0].SettlementKey, fields.Settlements[0].SettlementKey; jk == fk {
 		t.Errorf("the default key of job x/y and keyFrom [x, y] share key %q", jk)
+	}
+}
+
+func TestItemsWithTheSameKeyAreRefused(t *testing.T) {
+	_, err := facts(t, "ns", lines(`{"a":"x","b":"1","cents":1},{"a":"y","b":"1","cents":2},{"a":"x","b":"1","cents":3}`))
+	if err == nil || !errors.Is(err, ErrInvalidEvent) {
+		t.Fatalf("got %v, want ErrInvalidEvent", err)
+	}
+	for _, want := range []string{"same settlement key", "items 0 and 2", ".lines", ".a", ".b"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "c1") {
+		t.Errorf("error %q echoes the payload", err)
+	}
+}
+
+func TestNumericIdentityIsCanonical(t *testing.T) {
+	same := []string{`42`, `42.0`, `4.2e1`, `420e-1`}
+	first := mustFacts(t, "ns", jobBody(same[0]))
+	for _, id := range same[1:] {
+		ev := mustFacts(t, "ns", jobBody(id))
+		if ev.JobCompletions[0].JobID != first.JobCompletions[0].JobID {
+			t.Errorf("job ID %s is %q, want %q as for %s", id, ev.JobCompletions[0].JobID, first.JobCompletions[0].JobID, same[0])
+		}
+		if ev.Settlements[0].SettlementKey != first.Settlements[0].SettlementKey {
+			t.Errorf("job %s has settlement key %q, want %q", id, ev.Settlements[0].SettlementKey, first.Settlements[0].SettlementKey)
+		}
+	}
+	if first.JobCompletions[0].JobID != "42" {
+		t.Errorf("job ID 42 is %q", first.JobCompletions[0].JobID)
+	}
+	k1 := mustFacts(t, "ns", lines(`{"a":1.50,"b":"x","cents":1}`)).Settlements[0].SettlementKey
+	k2 := mustFacts(t, "ns", lines(`{"a":15e-1,"b":"x","cents":1}`)).Settlements[0].SettlementKey
+	if k1 != k2 {
+		t.Errorf("keyFrom value 1.50 and 15e-1 give keys %q and %q", k1, k2)
+	}
+
+	// Different numbers stay different, even where a double cannot tell them apart.
+	big1 := mustFacts(t, "ns", jobBody(`9007199254740993`)).JobCompletions[0].JobID
+	big2 := mustFacts(t, "ns", jobBody(`9007199254740992`)).JobCompletions[0].JobID
+	if big1 == big2 || big1 != "9007199254740993" {
+		t.Errorf("job IDs 2^53+1 and 2^53 are %q and %q, want their exact digits", big1, big2)
+	}
+	if _, err := facts(t, "ns", jobBody(`0.10000000000000001`)); err == nil || !errors.Is(err, ErrInvalidEvent) {
+		t.Errorf("a fractional job ID beyond double precision: got %v, want ErrInvalidEvent", err)
 	}
 }
