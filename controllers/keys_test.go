@@ -3,10 +3,12 @@ package controllers_test
 import (
 	"fmt"
 	"net/http"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
@@ -31,6 +33,21 @@ var _ = Describe("keys (issue 10)", func() {
 		Expect(a.Status.ProviderRef).NotTo(Equal(b.Status.ProviderRef), "neither tenant adopts the other's charge")
 		Expect(billing.Charges(a.Spec.SettlementKey)).To(Equal(1))
 		Expect(billing.Charges(b.Spec.SettlementKey)).To(Equal(1))
+	})
+
+	It("gives each tenant its own job sink key", func() {
+		withSink := func(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
+			wp.Spec.Routes[0].Operations[0].JobCompletion.Sink = &hooksv1alpha1.JobSink{
+				Type: hooksv1alpha1.JobSinkHTTP, URL: sink.URL(), DeferDeadline: &metav1.Duration{Duration: time.Minute}}
+		}
+		nsA, nsB := newTenant(withSink), newTenant(withSink)
+		sink.Register("job-sink-tenants")
+		body := jobEvent("job-sink-tenants", 1, 3)
+		sendOK(nsA, "msg_sink_tenants", body)
+		Eventually(jobState(nsA, "job-sink-tenants")).Should(Equal(hooksv1alpha1.JobCompletionApplied))
+		sendOK(nsB, "msg_sink_tenants", body)
+		Eventually(jobState(nsB, "job-sink-tenants")).Should(Equal(hooksv1alpha1.JobCompletionApplied))
+		Expect(sink.Keys("job-sink-tenants")).To(HaveLen(2), "one key per tenant for the same job and version")
 	})
 
 	Context("a route whose keys come from keyFrom", func() {
