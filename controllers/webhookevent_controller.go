@@ -159,6 +159,14 @@ func (r *WebhookEventReconciler) dispatch(ctx context.Context, ev *hooksv1alpha1
 		ops = append(ops, withError(op, err))
 	}
 	superseded, undecided := map[string]bool{}, map[string]bool{}
+	// reported is the version of each job this event reports: its settlement is the
+	// job's charge only while no newer version exists.
+	reported := map[string]int64{}
+	for _, f := range ev.Spec.JobCompletions {
+		if v, seen := reported[f.JobID]; !seen || f.Version > v {
+			reported[f.JobID] = f.Version
+		}
+	}
 	for _, op := range ops {
 		switch op.Outcome {
 		case hooksv1alpha1.OutcomeSuperseded:
@@ -177,8 +185,9 @@ func (r *WebhookEventReconciler) dispatch(ctx context.Context, ev *hooksv1alpha1
 				Message: "waiting until the job's completion is recorded"})
 			continue
 		}
-		op, err := r.settlement(ctx, ev, f, recorded[string(hooksv1alpha1.OperationBillingSettlement)+"/"+f.SettlementKey],
-			f.JobID != "" && superseded[f.JobID])
+		job := jobReport{id: f.JobID, superseded: f.JobID != "" && superseded[f.JobID]}
+		job.version, job.reported = reported[f.JobID]
+		op, err := r.settlement(ctx, ev, f, recorded[string(hooksv1alpha1.OperationBillingSettlement)+"/"+f.SettlementKey], job)
 		errs = append(errs, err)
 		ops = append(ops, withError(op, err))
 	}
@@ -311,10 +320,55 @@ func sameCompletion(a, b hooksv1alpha1.Completion) bool {
 	return equality.Semantic.DeepEqual(a, b)
 }
 
-// settlement creates or links the settlement of f. olderCompletion says this event's
-// completion of the same job was superseded by a newer one.
+// jobReport is what an event says about the job a settlement charges for.
+type jobReport struct {
+	id string
+	// superseded: the event's completion of the job was recorded as Superseded.
+	superseded bool
+	// reported: the event reports a completion of the job, of version.
+	reported bool
+	version  int64
+}
+
+// newerCompletion returns the job's current completion version when it is newer than
+// the one this event reports (0, false otherwise). A job's charge follows its highest
+// version: an older completion must never create it, and its other usage is not a
+// conflict. The JobCompletion is read live, because a newer version proposed moments
+// ago (perhaps by an event whose own settlement create is failing) may not be in the
+// cache yet.
+func (r *WebhookEventReconciler) newerCompletion(ctx context.Context, ev *hooksv1alpha1.WebhookEvent, job jobReport) (int64, bool, error) {
+	if !job.reported || job.id == "" {
+		return 0, false, nil
+	}
+	var jc hooksv1alpha1.JobCompletion
+	name := identity.JobCompletionName(ev.Spec.Provider, job.id)
+	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ev.Namespace, Name: name}, &jc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return 0, false, nil
+		}
+		return 0, false, fmt.Errorf("get jobcompletion %s: %w", name, err)
+	}
+	current := jc.Spec.Completion.Version
+	return current, current > job.version, nil
+}
+
+// supersededOutcome is the outcome of a settlement asked for by an older completion of
+// its job.
+func supersededOutcome(op hooksv1alpha1.OperationStatus, job jobReport, current int64) hooksv1alpha1.OperationStatus {
+	op.Outcome = hooksv1alpha1.OutcomeSuperseded
+	op.Message = fmt.Sprintf("from an older completion of job %q; the job's charge follows its newest completion", job.id)
+	if current > 0 {
+		op.Message = fmt.Sprintf("from version %d of job %q, which is at version %d; the job's charge follows its newest completion",
+			job.version, job.id, current)
+	}
+	return op
+}
+
+// settlement creates or links the settlement of f. job is what the event says about
+// the job f charges for: the charge of a job follows its highest completion version,
+// so an event whose completion is older than the job's never creates it.
 func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alpha1.WebhookEvent,
-	f *hooksv1alpha1.SettlementFacts, prev hooksv1alpha1.OperationStatus, olderCompletion bool) (hooksv1alpha1.OperationStatus, error) {
+	f *hooksv1alpha1.SettlementFacts, prev hooksv1alpha1.OperationStatus, job jobReport) (hooksv1alpha1.OperationStatus, error) {
 	want := NewSettlement(ev, f)
 	name := want.Name
 	op := hooksv1alpha1.OperationStatus{Type: hooksv1alpha1.OperationBillingSettlement, Key: f.SettlementKey,
@@ -329,12 +383,28 @@ func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alph
 			op.Child = bs.Name
 		}
 	}
+	if apierrors.IsNotFound(err) && prev.Outcome == hooksv1alpha1.OutcomeSuperseded {
+		// Superseded without creating anything: there is no child of this event's to
+		// mirror (the newer completion's own event reports on the charge).
+		op.Outcome, op.Message = prev.Outcome, prev.Message
+		return op, nil
+	}
 	if apierrors.IsNotFound(err) && final(prev.Outcome) {
 		if err = r.APIReader.Get(ctx, key, &bs); apierrors.IsNotFound(err) {
 			return childDeleted(prev), nil
 		}
 	}
 	if apierrors.IsNotFound(err) {
+		if job.superseded {
+			return supersededOutcome(op, job, 0), nil
+		}
+		current, newer, nerr := r.newerCompletion(ctx, ev, job)
+		if nerr != nil {
+			return op, nerr
+		}
+		if newer {
+			return supersededOutcome(op, job, current), nil
+		}
 		err = r.Create(ctx, want)
 		if err == nil {
 			op.Outcome, op.State = hooksv1alpha1.OutcomeCreated, string(hooksv1alpha1.SettlementPending)
@@ -353,15 +423,24 @@ func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alph
 		op.Outcome, op.Message = prev.Outcome, prev.Message
 		return op, nil
 	}
+	same := sameCharge(bs.Spec, want.Spec)
+	var current int64
+	older := job.superseded
+	if !same && !older {
+		// Whether other content is a conflict depends on the job's current version,
+		// not on the outcome recorded when this event's completion was new.
+		if current, older, err = r.newerCompletion(ctx, ev, job); err != nil {
+			return op, err
+		}
+	}
 	switch {
-	case !sameCharge(bs.Spec, want.Spec) && olderCompletion:
+	case !same && older:
 		// An older completion reports other usage than the newer one already charged:
-		// it is superseded, not a conflict. (If the older report arrived first, its
-		// usage was charged and the newer report's settlement is a Conflict for a
+		// it is superseded, not a conflict. (If the older report was charged before
+		// the newer one arrived, the newer report's settlement is a Conflict for a
 		// human: a charge is never edited.)
-		op.Outcome = hooksv1alpha1.OutcomeSuperseded
-		op.Message = fmt.Sprintf("from an older completion of job %q; the settlement follows the newer report", f.JobID)
-	case !sameCharge(bs.Spec, want.Spec):
+		op = supersededOutcome(op, job, current)
+	case !same:
 		op.Outcome = hooksv1alpha1.OutcomeConflict
 		op.Message = fmt.Sprintf("settlement key %q already exists with different content (from %s); nothing is charged for this event",
 			f.SettlementKey, bs.Spec.SourceEvent)
