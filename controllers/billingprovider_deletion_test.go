@@ -1,6 +1,7 @@
 package controllers_test
 
 import (
+	"net/http"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -12,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/test/fixtures"
 )
 
@@ -97,7 +99,7 @@ var _ = Describe("deleting a BillingProvider (issue 10)", func() {
 		Expect(billing.SetDown(false)).To(Succeed())
 		downed = false
 		Eventually(settlementState(ns, "job-bp-delete")).Should(Equal(hooksv1alpha1.SettlementSettled))
-		Expect(billing.Charges(key("job-bp-delete"))).To(Equal(1))
+		Expect(billing.Charges(key(ns, "job-bp-delete"))).To(Equal(1))
 		Eventually(billingProviderGone(ns)).WithTimeout(10*time.Second).Should(BeTrue(),
 			"nothing holds the provider once the settlement settled")
 		_, occurrences := warningEvents(ns, hooksv1alpha1.ReasonSettlementsInFlight)
@@ -133,7 +135,22 @@ var _ = Describe("deleting a namespace (issue 10, known limit)", func() {
 	It("keeps the namespace Terminating while settlements are unresolved, and their Secret cannot come back", func() {
 		ns := newTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
 			bp.Spec.Retry.MaxAttempts = 1000
+			bp.Spec.Retry.InitialBackoff = fixtures.Duration(2 * time.Second)
+			bp.Spec.Retry.MaxBackoff = fixtures.Duration(4 * time.Second)
 		})
+		// A 503 to the POST: the charge may be at the provider (exposure Possible), and
+		// the provider is down before it can be asked.
+		billing.FailNext(1, http.StatusServiceUnavailable)
+		sendOK(ns, "msg_ns_delete", jobEvent("job-ns-delete", 1, 13))
+		Eventually(func() hooksv1alpha1.Exposure {
+			bs := &hooksv1alpha1.BillingSettlement{}
+			_ = k8s.Get(ctx, client.ObjectKey{Namespace: ns,
+				Name: identity.SettlementName("inference", identity.DefaultSettlementKey("inference", "job-ns-delete"))}, bs)
+			if bs.Status.Attempts == 0 {
+				return ""
+			}
+			return bs.Status.Exposure
+		}).Should(Equal(hooksv1alpha1.ExposurePossible))
 		Expect(billing.SetDown(true)).To(Succeed())
 		downed := true
 		defer func() {
@@ -141,8 +158,7 @@ var _ = Describe("deleting a namespace (issue 10, known limit)", func() {
 				_ = billing.SetDown(false)
 			}
 		}()
-		sendOK(ns, "msg_ns_delete", jobEvent("job-ns-delete", 1, 13))
-		Eventually(settlementState(ns, "job-ns-delete")).Should(Equal(hooksv1alpha1.SettlementSubmitted))
+		Expect(settlementState(ns, "job-ns-delete")()).To(Equal(hooksv1alpha1.SettlementSubmitted))
 		Eventually(func() []string {
 			bp := &hooksv1alpha1.BillingProvider{}
 			Expect(k8s.Get(ctx, billingProviderKey(ns), bp)).To(Succeed())
@@ -174,7 +190,7 @@ var _ = Describe("deleting a namespace (issue 10, known limit)", func() {
 				"the provider is up again, but the settlement has no credentials to ask it")
 			g.Expect(k8s.Get(ctx, billingProviderKey(ns), &hooksv1alpha1.BillingProvider{})).To(Succeed())
 		}).WithTimeout(3 * time.Second).Should(Succeed())
-		Expect(billing.Charges(key("job-ns-delete"))).To(BeZero())
+		Expect(billing.Charges(key(ns, "job-ns-delete"))).To(BeZero())
 		ready := condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady)
 		Expect(ready).NotTo(BeNil())
 		Expect(ready.Message).To(And(ContainSubstring(fixtures.BillingSecretName), ContainSubstring("not found")),

@@ -119,7 +119,7 @@ func (r *BillingSettlementReconciler) Reconcile(ctx context.Context, req ctrl.Re
 			err = perr
 		}
 	}()
-	phases := []settlementPhase{r.observeGeneration, r.initExposure, r.handleReplay,
+	phases := []settlementPhase{r.observeGeneration, r.checkIdentity, r.initExposure, r.handleReplay,
 		r.handleReconcileRequest, r.updateReversedBy, r.resolveProvider, r.guardCompensation, r.drive}
 	if !bs.DeletionTimestamp.IsZero() {
 		phases = []settlementPhase{r.observeGeneration, r.initExposure, r.resolveProviderIfHeld, r.drive}

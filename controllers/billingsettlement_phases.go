@@ -13,6 +13,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
@@ -40,6 +41,34 @@ func (r *BillingSettlementReconciler) observeGeneration(_ context.Context, s *se
 		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonAwaitingSubmission, "not sent to the provider yet")
 	}
 	return ctrl.Result{}, nil
+}
+
+// checkIdentity refuses a settlement whose name or idempotency key is not the one
+// derived from its settlement key (and namespace): sending it could charge under
+// another operation's or another tenant's key. One never sent is Failed with reason
+// InvalidIdentity and nothing is sent; its spec is immutable, so the fix is a
+// correctly made settlement. One an older operator already sent keeps being resolved
+// (money may be at the provider), with a Warning.
+func (r *BillingSettlementReconciler) checkIdentity(_ context.Context, s *settlementScope) (ctrl.Result, error) {
+	bs, st := s.bs, &s.bs.Status
+	err := ValidateSettlementIdentity(bs)
+	if err == nil {
+		return ctrl.Result{}, nil
+	}
+	msg := truncateMessage(err.Error())
+	if st.Attempts > 0 || st.FirstSubmittedAt != nil {
+		if c := findCondition(bs, hooksv1alpha1.ConditionReady); c == nil || c.Reason != hooksv1alpha1.ReasonInvalidIdentity {
+			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonInvalidIdentity, "Validate", "%s", msg)
+		}
+		return ctrl.Result{}, nil
+	}
+	if st.State != hooksv1alpha1.SettlementFailed {
+		r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonInvalidIdentity, "Validate", "%s", msg)
+	}
+	st.State, st.Exposure = hooksv1alpha1.SettlementFailed, hooksv1alpha1.ExposureNone
+	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonInvalidIdentity,
+		msg+"; nothing was sent: create a settlement whose name and keys are derived from its settlement key (kubectl explain billingsettlement.spec.idempotencyKey)")
+	return ctrl.Result{}, reconcile.TerminalError(err)
 }
 
 // initExposure gives a settlement its first exposure. Only a settlement the operator
@@ -76,7 +105,7 @@ func (r *BillingSettlementReconciler) createdWithItsJob(ctx context.Context, bs 
 	v := bs.Annotations[hooksv1alpha1.AnnotationFreshForJob]
 	name, uid, ok := strings.Cut(v, "/")
 	if !ok || bs.Spec.JobID == "" || bs.Spec.WebhookProvider == "" ||
-		bs.Spec.SettlementKey != identity.DefaultSettlementKey(bs.Spec.WebhookProvider, bs.Spec.JobID) {
+		bs.Spec.SettlementKey != identity.JobSettlementKey(bs.Namespace, bs.Spec.WebhookProvider, bs.Spec.JobID) {
 		return false, nil
 	}
 	var jc hooksv1alpha1.JobCompletion
@@ -210,7 +239,11 @@ func (r *BillingSettlementReconciler) resolveProviderIfHeld(ctx context.Context,
 	}
 	res, err := r.resolveProvider(ctx, s)
 	if !res.IsZero() {
-		r.holdDeletion(s, "the BillingProvider or its credentials are missing, and money may be at the provider")
+		why := "the BillingProvider or its credentials are missing"
+		if c := findCondition(s.bs, hooksv1alpha1.ConditionReady); c != nil && c.Reason == ReasonBillingProviderNotFound {
+			why = c.Message // names the missing provider or Secret
+		}
+		r.holdDeletion(s, why)
 	}
 	return res, err
 }

@@ -126,7 +126,7 @@ func (r *JobCompletionReconciler) reconcile(ctx context.Context, jc *hooksv1alph
 		completion.Usage = &billing.Usage{Meter: u.Meter, Quantity: u.Quantity, Unit: u.Unit}
 	}
 	st.Attempts++
-	res, err := c.Apply(ctx, "job_"+identity.Hash32(jc.Spec.Provider, jc.Spec.JobID, strconv.FormatInt(v, 10)), completion)
+	res, err := c.Apply(ctx, identity.JobSinkKey(jc.Namespace, jc.Spec.Provider, jc.Spec.JobID, v), completion)
 	if err != nil {
 		if e, ok := billing.AsError(err); ok && e.Class == billing.Terminal {
 			st.State, st.LastError = hooksv1alpha1.JobCompletionFailed, truncateMessage(e.Error())

@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"net/http"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -276,6 +277,23 @@ var _ = Describe("money safety (issue 10)", func() {
 		Eventually(stateOf(bs)).WithTimeout(2 * time.Minute).Should(Equal(hooksv1alpha1.SettlementSettled))
 		Expect(billing.Charges("moved/1")).To(Equal(1))
 		Expect(other.Records()).To(BeEmpty())
+	})
+
+	It("refuses a hand-made settlement whose idempotency key is not derived from its settlement key (defect 10)", func() {
+		ns := newTenant()
+		bs := handMade(ns, "borrowed/1", "cus_1", 100, "USD")
+		bs.Spec.IdempotencyKey = "stl_" + strings.Repeat("0", 32) // another operation's key
+		Expect(k8s.Create(ctx, bs)).To(Succeed())
+		Eventually(readyReason(bs)).Should(Equal(hooksv1alpha1.ReasonInvalidIdentity))
+		got := get(bs)
+		Expect(got.Status.State).To(Equal(hooksv1alpha1.SettlementFailed))
+		Expect(condition(got.Status.Conditions, hooksv1alpha1.ConditionReady).Message).To(ContainSubstring(identity.IdempotencyKey("borrowed/1")))
+		Consistently(func() int { return len(billing.CallsFor(bs.Spec.IdempotencyKey)) }).WithTimeout(time.Second).Should(BeZero())
+		// Nothing was sent, so it may be deleted.
+		Expect(k8s.Delete(ctx, bs)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{}))
+		}).Should(BeTrue())
 	})
 
 	Describe("compensation guards (defect 4)", func() {

@@ -99,7 +99,8 @@ func eventPhase(ns, id string) func() hooksv1alpha1.EventPhase {
 	}
 }
 
-func key(jobID string) string { return identity.DefaultSettlementKey("inference", jobID) }
+// key is the settlement key of a job of the tenant ns.
+func key(ns, jobID string) string { return identity.JobSettlementKey(ns, "inference", jobID) }
 
 func condition(conds []metav1.Condition, typ string) *metav1.Condition {
 	return apimeta.FindStatusCondition(conds, typ)
@@ -117,10 +118,10 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 		Expect(bs.Status.State).To(Equal(hooksv1alpha1.SettlementSettled))
 		Expect(bs.Status.ProviderRef).NotTo(BeEmpty())
 		Expect(bs.Status.Attempts).To(Equal(int32(1)))
-		Expect(bs.Spec.IdempotencyKey).To(Equal(identity.IdempotencyKey(key("job-happy"))))
+		Expect(bs.Spec.IdempotencyKey).To(Equal(identity.NamespacedIdempotencyKey(ns, key(ns, "job-happy"))))
 		Expect(bs.Finalizers).To(ContainElement(hooksv1alpha1.FinalizerSettlementProtection))
 		Expect(condition(bs.Status.Conditions, hooksv1alpha1.ConditionSettled).Status).To(Equal(metav1.ConditionTrue))
-		Expect(billing.Charges(key("job-happy"))).To(Equal(1))
+		Expect(billing.Charges(key(ns, "job-happy"))).To(Equal(1))
 		// A job never seen before: its charge was sent directly, with no lookup first
 		// (defect 13: one provider call per charge on the happy path).
 		calls := billing.CallsFor(bs.Spec.IdempotencyKey)
@@ -162,7 +163,7 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 		Expect(k8s.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
 		Expect(evs.Items).To(HaveLen(1))
 		Expect(jobOf(ns, "job-dup").Generation).To(Equal(int64(1)), "one job transition")
-		Consistently(func() int { return billing.Charges(key("job-dup")) }).WithTimeout(time.Second).Should(Equal(1))
+		Consistently(func() int { return billing.Charges(key(ns, "job-dup")) }).WithTimeout(time.Second).Should(Equal(1))
 	})
 
 	It("keeps the job Applied while billing fails, retries with the same key, and completes once settled", func() {
@@ -175,9 +176,9 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 		bs := settlementOf(ns, "job-billfail")
 		Expect(bs.Status.State).To(Equal(hooksv1alpha1.SettlementSettled))
 		Expect(bs.Status.Attempts).To(BeNumerically(">=", 2))
-		Expect(billing.Charges(key("job-billfail"))).To(Equal(1))
+		Expect(billing.Charges(key(ns, "job-billfail"))).To(Equal(1))
 		for _, r := range billing.Records() {
-			if r.SettlementKey == key("job-billfail") {
+			if r.SettlementKey == key(ns, "job-billfail") {
 				Expect(r.IdempotencyKey).To(Equal(bs.Spec.IdempotencyKey))
 			}
 		}
@@ -190,7 +191,7 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 		Eventually(settlementState(ns, "job-lost")).Should(Equal(hooksv1alpha1.SettlementSettled))
 		bs := settlementOf(ns, "job-lost")
 		Expect(bs.Status.Attempts).To(Equal(int32(1)), "the lookup by key answered; nothing was resubmitted")
-		Expect(billing.Charges(key("job-lost"))).To(Equal(1))
+		Expect(billing.Charges(key(ns, "job-lost"))).To(Equal(1))
 	})
 
 	It("never moves a job backward when v2 arrives before v1", func() {
@@ -210,7 +211,7 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 		// v1 reports other usage than v2 did: its settlement operation is superseded
 		// too (the charge follows the newest report), so the event still completes.
 		Eventually(eventPhase(ns, "msg_v1")).Should(Equal(hooksv1alpha1.EventComplete))
-		Expect(billing.Charges(key("job-ooo"))).To(Equal(1))
+		Expect(billing.Charges(key(ns, "job-ooo"))).To(Equal(1))
 		jc := jobOf(ns, "job-ooo")
 		Expect(jc.Spec.Completion.Version).To(Equal(int64(2)))
 		Expect(*jc.Status.AppliedVersion).To(Equal(int64(2)))
@@ -253,7 +254,7 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 			return k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.JobCompletionName("inference", "job-reuse-other")},
 				&hooksv1alpha1.JobCompletion{})
 		}).WithTimeout(time.Second).Should(Satisfy(apierrors.IsNotFound))
-		Expect(billing.Charges(key("job-reuse-other"))).To(Equal(0))
+		Expect(billing.Charges(key(ns, "job-reuse-other"))).To(Equal(0))
 	})
 
 	It("dead-letters when the provider is down past maxElapsed, and a replay settles it with the same key", func() {
@@ -285,7 +286,7 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 		bs = settlementOf(ns, "job-down")
 		Expect(bs.Status.Replay.Count).To(Equal(int32(1)))
 		Expect(condition(bs.Status.Conditions, hooksv1alpha1.ConditionDeadLettered).Status).To(Equal(metav1.ConditionFalse))
-		Expect(billing.Charges(key("job-down"))).To(Equal(1))
+		Expect(billing.Charges(key(ns, "job-down"))).To(Equal(1))
 		Eventually(eventPhase(ns, "msg_down")).Should(Equal(hooksv1alpha1.EventComplete))
 	})
 
@@ -297,7 +298,7 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 		billing.CommitThenTimeoutNext(1)
 		sendOK(ns, "msg_unknown", jobEvent("job-unknown", 1, 6))
 		// The charge is committed, its answer is lost, and the provider goes down.
-		Eventually(func() int { return billing.Charges(key("job-unknown")) }).Should(Equal(1))
+		Eventually(func() int { return billing.Charges(key(ns, "job-unknown")) }).Should(Equal(1))
 		Expect(billing.SetDown(true)).To(Succeed())
 		downed := true
 		defer func() {
@@ -307,7 +308,7 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 		}()
 		Eventually(func() string {
 			bs := &hooksv1alpha1.BillingSettlement{}
-			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.SettlementName("inference", key("job-unknown"))}, bs); err != nil {
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.SettlementNameFor("inference", key(ns, "job-unknown"))}, bs); err != nil {
 				return ""
 			}
 			if c := condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady); c != nil && strings.Contains(c.Message, "retries exhausted") {
@@ -321,7 +322,7 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 		Expect(billing.SetDown(false)).To(Succeed())
 		downed = false
 		Eventually(settlementState(ns, "job-unknown")).Should(Equal(hooksv1alpha1.SettlementSettled))
-		Expect(billing.Charges(key("job-unknown"))).To(Equal(1))
+		Expect(billing.Charges(key(ns, "job-unknown"))).To(Equal(1))
 	})
 
 	It("resolves settlements left Submitted by a killed manager without a second charge", func() {
@@ -340,7 +341,7 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 		for i := 0; i < 3; i++ {
 			job := fmt.Sprintf("job-restart-%d", i)
 			Eventually(settlementState(ns, job)).Should(Equal(hooksv1alpha1.SettlementSettled))
-			Expect(billing.Charges(key(job))).To(Equal(1))
+			Expect(billing.Charges(key(ns, job))).To(Equal(1))
 		}
 	})
 
@@ -371,7 +372,7 @@ var _ = Describe("the failure matrix (DESIGN §9)", func() {
 			return n
 		}).WithTimeout(2 * time.Minute).Should(Equal(100))
 		for i := 0; i < 100; i++ {
-			Expect(billing.Charges(key(fmt.Sprintf("job-bulk-%d", i)))).To(Equal(1))
+			Expect(billing.Charges(key(ns, fmt.Sprintf("job-bulk-%d", i)))).To(Equal(1))
 		}
 	})
 })
@@ -387,7 +388,7 @@ var _ = Describe("settlement lifecycle", func() {
 		sendOK(ns, "msg_del", jobEvent("job-del", 1, 1))
 		Eventually(func() hooksv1alpha1.Exposure {
 			bs := &hooksv1alpha1.BillingSettlement{}
-			_ = k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.SettlementName("inference", key("job-del"))}, bs)
+			_ = k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.SettlementName("inference", identity.DefaultSettlementKey("inference", "job-del"))}, bs)
 			if bs.Status.Attempts == 0 {
 				return ""
 			}
@@ -424,7 +425,7 @@ var _ = Describe("settlement lifecycle", func() {
 		Consistently(func() bool {
 			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{}))
 		}).WithTimeout(2 * time.Second).Should(BeTrue())
-		Expect(billing.Charges(key("job-del"))).To(Equal(0))
+		Expect(billing.Charges(key(ns, "job-del"))).To(Equal(0))
 		Eventually(eventPhase(ns, "msg_del")).Should(Equal(hooksv1alpha1.EventRequiresReconciliation))
 	})
 

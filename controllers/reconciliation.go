@@ -392,6 +392,12 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 		for _, rec := range recs {
 			records++
 			seen[rec.IdempotencyKey] = true
+			if k, ok := identity.ParseSettlementKey(rec.SettlementKey); ok && k.Namespace != bp.Namespace {
+				// Another namespace's record in a shared billing account: its own
+				// pass reports it (keys minted before issue 10 carry no namespace).
+				records--
+				continue
+			}
 			bs, ok := byKey[rec.IdempotencyKey]
 			if !ok {
 				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyProviderRecordWithoutSettlement,

@@ -85,7 +85,7 @@ var _ = Describe("reconciliation reports (DESIGN §7)", func() {
 		Eventually(settlementState(ns, "job-lostsettle")).Should(Equal(hooksv1alpha1.SettlementSettled))
 		bs := settlementOf(ns, "job-lostsettle")
 		Expect(bs.Status.ProviderRef).To(Equal("pay_lost_1"))
-		Expect(billing.Charges(key("job-lostsettle"))).To(Equal(1), "imported, never charged again")
+		Expect(billing.Charges(key(ns, "job-lostsettle"))).To(Equal(1), "imported, never charged again")
 		Eventually(func() metav1.ConditionStatus {
 			c := condition(settlementOf(ns, "job-lostsettle").Status.Conditions, hooksv1alpha1.ConditionReconciled)
 			if c == nil {
@@ -115,7 +115,7 @@ var _ = Describe("reconciliation reports (DESIGN §7)", func() {
 		})
 		Expect(d.Action).To(Equal(hooksv1alpha1.RepairManualReview))
 		Expect(d.CarriedOut).To(BeFalse())
-		Expect(billing.Charges(key("job-unbilled"))).To(Equal(0), "nothing is charged behind the operator's back")
+		Expect(billing.Charges(key(ns, "job-unbilled"))).To(Equal(0), "nothing is charged behind the operator's back")
 	})
 
 	It("reports provider records no local settlement knows, amount mismatches and quarantined events", func() {
@@ -216,7 +216,7 @@ var _ = Describe("reconciliation reports (DESIGN §7)", func() {
 		sink.Register("job-stuck")
 		Eventually(settlementState(ns, "job-stuck")).Should(Equal(hooksv1alpha1.SettlementSettled))
 		Eventually(eventPhase(ns, "msg_stuck")).WithTimeout(time.Minute).Should(Equal(hooksv1alpha1.EventComplete))
-		Expect(billing.Charges(key("job-stuck"))).To(Equal(1))
+		Expect(billing.Charges(key(ns, "job-stuck"))).To(Equal(1))
 	})
 })
 
@@ -248,7 +248,7 @@ var _ = Describe("retention (DESIGN §8)", func() {
 		// records: no new job transition, no new charge.
 		sendOK(ns, "msg_old", jobEvent("job-old", 1, 1))
 		Consistently(func() int64 { return jobOf(ns, "job-old").Generation }).WithTimeout(2 * time.Second).Should(Equal(int64(1)))
-		Expect(billing.Charges(key("job-old"))).To(Equal(1))
+		Expect(billing.Charges(key(ns, "job-old"))).To(Equal(1))
 	})
 
 	It("keeps events that are not complete", func() {

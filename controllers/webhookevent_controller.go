@@ -165,6 +165,14 @@ func (r *WebhookEventReconciler) dispatch(ctx context.Context, ev *hooksv1alpha1
 		ops = append(ops, withError(op, err))
 	}
 	superseded, undecided := map[string]bool{}, map[string]bool{}
+	// reported is the version of each job this event reports: its settlement is the
+	// job's charge only while no newer version exists.
+	reported := map[string]int64{}
+	for _, f := range ev.Spec.JobCompletions {
+		if v, seen := reported[f.JobID]; !seen || f.Version > v {
+			reported[f.JobID] = f.Version
+		}
+	}
 	for _, op := range ops {
 		switch op.Outcome {
 		case hooksv1alpha1.OutcomeSuperseded:
@@ -183,8 +191,10 @@ func (r *WebhookEventReconciler) dispatch(ctx context.Context, ev *hooksv1alpha1
 				Message: "waiting until the job's completion is recorded"})
 			continue
 		}
-		op, err := r.settlement(ctx, ev, f, recorded[string(hooksv1alpha1.OperationBillingSettlement)+"/"+f.SettlementKey],
-			f.JobID != "" && superseded[f.JobID], firstSeen[f.JobID])
+		job := jobReport{id: f.JobID, superseded: f.JobID != "" && superseded[f.JobID]}
+		job.version, job.reported = reported[f.JobID]
+		job.firstSeen = firstSeen[f.JobID]
+		op, err := r.settlement(ctx, ev, f, recorded[string(hooksv1alpha1.OperationBillingSettlement)+"/"+f.SettlementKey], job)
 		errs = append(errs, err)
 		ops = append(ops, withError(op, err))
 	}
@@ -319,29 +329,98 @@ func sameCompletion(a, b hooksv1alpha1.Completion) bool {
 	return equality.Semantic.DeepEqual(a, b)
 }
 
-// settlement creates or links the settlement of f. olderCompletion says this event's
-// completion of the same job was superseded by a newer one.
-// firstSeenJob is "<name>/<uid>" of the job's JobCompletion when this reconcile
-// created it; the settlement then carries it as its fresh-for-job annotation.
+// jobReport is what an event says about the job a settlement charges for.
+type jobReport struct {
+	id string
+	// superseded: the event's completion of the job was recorded as Superseded.
+	superseded bool
+	// reported: the event reports a completion of the job, of version.
+	reported bool
+	version  int64
+	// firstSeen is "<name>/<uid>" of the job's JobCompletion when this reconcile
+	// created it (the job was never seen): its default-key settlement then carries
+	// it as its fresh-for-job annotation and is sent without a lookup first.
+	firstSeen string
+}
+
+// newerCompletion returns the job's current completion version when it is newer than
+// the one this event reports (0, false otherwise). A job's charge follows its highest
+// version: an older completion must never create it, and its other usage is not a
+// conflict. The JobCompletion is read live, because a newer version proposed moments
+// ago (perhaps by an event whose own settlement create is failing) may not be in the
+// cache yet.
+func (r *WebhookEventReconciler) newerCompletion(ctx context.Context, ev *hooksv1alpha1.WebhookEvent, job jobReport) (int64, bool, error) {
+	if !job.reported || job.id == "" {
+		return 0, false, nil
+	}
+	var jc hooksv1alpha1.JobCompletion
+	name := identity.JobCompletionName(ev.Spec.Provider, job.id)
+	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ev.Namespace, Name: name}, &jc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return 0, false, nil
+		}
+		return 0, false, fmt.Errorf("get jobcompletion %s: %w", name, err)
+	}
+	current := jc.Spec.Completion.Version
+	return current, current > job.version, nil
+}
+
+// supersededOutcome is the outcome of a settlement asked for by an older completion of
+// its job.
+func supersededOutcome(op hooksv1alpha1.OperationStatus, job jobReport, current int64) hooksv1alpha1.OperationStatus {
+	op.Outcome = hooksv1alpha1.OutcomeSuperseded
+	op.Message = fmt.Sprintf("from an older completion of job %q; the job's charge follows its newest completion", job.id)
+	if current > 0 {
+		op.Message = fmt.Sprintf("from version %d of job %q, which is at version %d; the job's charge follows its newest completion",
+			job.version, job.id, current)
+	}
+	return op
+}
+
+// settlement creates or links the settlement of f. job is what the event says about
+// the job f charges for: the charge of a job follows its highest completion version,
+// so an event whose completion is older than the job's never creates it.
 func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alpha1.WebhookEvent,
-	f *hooksv1alpha1.SettlementFacts, prev hooksv1alpha1.OperationStatus, olderCompletion bool, firstSeenJob string) (hooksv1alpha1.OperationStatus, error) {
-	name := identity.SettlementName(ev.Spec.Provider, f.SettlementKey)
+	f *hooksv1alpha1.SettlementFacts, prev hooksv1alpha1.OperationStatus, job jobReport) (hooksv1alpha1.OperationStatus, error) {
+	want := NewSettlement(ev, f)
+	if job.firstSeen != "" && f.SettlementKey == identity.JobSettlementKey(ev.Namespace, ev.Spec.Provider, f.JobID) {
+		want.Annotations = map[string]string{hooksv1alpha1.AnnotationFreshForJob: job.firstSeen}
+	}
+	name := want.Name
 	op := hooksv1alpha1.OperationStatus{Type: hooksv1alpha1.OperationBillingSettlement, Key: f.SettlementKey,
 		Child: name, Outcome: hooksv1alpha1.OutcomePending}
 	key := types.NamespacedName{Namespace: ev.Namespace, Name: name}
-	want := NewSettlement(ev, f)
-	if firstSeenJob != "" && f.SettlementKey == identity.DefaultSettlementKey(ev.Spec.Provider, f.JobID) {
-		want.Annotations = map[string]string{hooksv1alpha1.AnnotationFreshForJob: firstSeenJob}
-	}
 
 	var bs hooksv1alpha1.BillingSettlement
 	err := r.Get(ctx, key, &bs)
+	if apierrors.IsNotFound(err) {
+		if legacy, ok := r.legacySettlement(ctx, ev, f); ok {
+			bs, err = legacy, nil
+			op.Child = bs.Name
+		}
+	}
+	if apierrors.IsNotFound(err) && prev.Outcome == hooksv1alpha1.OutcomeSuperseded {
+		// Superseded without creating anything: there is no child of this event's to
+		// mirror (the newer completion's own event reports on the charge).
+		op.Outcome, op.Message = prev.Outcome, prev.Message
+		return op, nil
+	}
 	if apierrors.IsNotFound(err) && final(prev.Outcome) {
 		if err = r.APIReader.Get(ctx, key, &bs); apierrors.IsNotFound(err) {
 			return childDeleted(prev), nil
 		}
 	}
 	if apierrors.IsNotFound(err) {
+		if job.superseded {
+			return supersededOutcome(op, job, 0), nil
+		}
+		current, newer, nerr := r.newerCompletion(ctx, ev, job)
+		if nerr != nil {
+			return op, nerr
+		}
+		if newer {
+			return supersededOutcome(op, job, current), nil
+		}
 		err = r.Create(ctx, want)
 		if err == nil {
 			op.Outcome, op.State = hooksv1alpha1.OutcomeCreated, string(hooksv1alpha1.SettlementPending)
@@ -360,15 +439,24 @@ func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alph
 		op.Outcome, op.Message = prev.Outcome, prev.Message
 		return op, nil
 	}
+	same := sameCharge(bs.Spec, want.Spec)
+	var current int64
+	older := job.superseded
+	if !same && !older {
+		// Whether other content is a conflict depends on the job's current version,
+		// not on the outcome recorded when this event's completion was new.
+		if current, older, err = r.newerCompletion(ctx, ev, job); err != nil {
+			return op, err
+		}
+	}
 	switch {
-	case !sameCharge(bs.Spec, want.Spec) && olderCompletion:
+	case !same && older:
 		// An older completion reports other usage than the newer one already charged:
-		// it is superseded, not a conflict. (If the older report arrived first, its
-		// usage was charged and the newer report's settlement is a Conflict for a
+		// it is superseded, not a conflict. (If the older report was charged before
+		// the newer one arrived, the newer report's settlement is a Conflict for a
 		// human: a charge is never edited.)
-		op.Outcome = hooksv1alpha1.OutcomeSuperseded
-		op.Message = fmt.Sprintf("from an older completion of job %q; the settlement follows the newer report", f.JobID)
-	case !sameCharge(bs.Spec, want.Spec):
+		op = supersededOutcome(op, job, current)
+	case !same:
 		op.Outcome = hooksv1alpha1.OutcomeConflict
 		op.Message = fmt.Sprintf("settlement key %q already exists with different content (from %s); nothing is charged for this event",
 			f.SettlementKey, bs.Spec.SourceEvent)
@@ -383,9 +471,31 @@ func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alph
 	return op, nil
 }
 
+// legacySettlement finds the settlement a keyFrom charge was created under before keys
+// were namespaced (issue 10): the same logical charge under its legacy key and name.
+// Without it, a charge made before the upgrade would be made again under the new key.
+// A job's charge needs no such lookup: its name did not change.
+func (r *WebhookEventReconciler) legacySettlement(ctx context.Context, ev *hooksv1alpha1.WebhookEvent,
+	f *hooksv1alpha1.SettlementFacts) (hooksv1alpha1.BillingSettlement, bool) {
+	var bs hooksv1alpha1.BillingSettlement
+	k, ok := identity.ParseSettlementKey(f.SettlementKey)
+	if !ok || k.Kind != identity.KeyKindFields {
+		return bs, false
+	}
+	name := identity.SettlementName(ev.Spec.Provider, k.LegacyKey())
+	if err := r.Get(ctx, types.NamespacedName{Namespace: ev.Namespace, Name: name}, &bs); err != nil {
+		return bs, false
+	}
+	// Legacy objects predate the upgrade, so the cache has them; the key check keeps
+	// a hand-made settlement that merely shares the name from being taken for it.
+	return bs, bs.Spec.SettlementKey == k.LegacyKey()
+}
+
 // NewSettlement builds the BillingSettlement an event's settlement facts ask for: its
-// name and idempotency key derive from the settlement key alone, so every event
-// asking for the same charge names the same object and the same provider key.
+// name derives from the settlement key (identity.SettlementNameFor), its idempotency
+// key from the namespace and the settlement key, so every event asking for the same
+// charge names the same object and the same provider key, and no other tenant's
+// charge ever presents that key.
 func NewSettlement(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.SettlementFacts) *hooksv1alpha1.BillingSettlement {
 	labels := map[string]string{
 		hooksv1alpha1.LabelProvider:        ev.Spec.Provider,
@@ -399,22 +509,42 @@ func NewSettlement(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.SettlementFa
 	return &hooksv1alpha1.BillingSettlement{
 		// The protection finalizer is set at creation: no separate write later, and no
 		// window in which a settlement exists without it.
-		ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: identity.SettlementName(ev.Spec.Provider, f.SettlementKey),
+		ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: identity.SettlementNameFor(ev.Spec.Provider, f.SettlementKey),
 			Labels: labels, Finalizers: []string{hooksv1alpha1.FinalizerSettlementProtection}},
 		Spec: hooksv1alpha1.BillingSettlementSpec{
 			BillingProviderRef: f.BillingProviderRef, SettlementKey: f.SettlementKey,
-			IdempotencyKey: identity.IdempotencyKey(f.SettlementKey), Type: hooksv1alpha1.SettlementCharge,
+			IdempotencyKey: identity.NamespacedIdempotencyKey(ev.Namespace, f.SettlementKey), Type: hooksv1alpha1.SettlementCharge,
 			Customer: f.Customer, Usage: f.Usage.DeepCopy(), Amount: f.Amount.DeepCopy(), JobID: f.JobID,
 			WebhookProvider: ev.Spec.Provider, SourceEvent: ev.Name,
 		},
 	}
 }
 
-// sameCharge compares what would be charged, not which event asked first.
+// sameCharge compares what would be charged, not which event asked first. A
+// settlement stored before keys were namespaced holds the same operation's legacy
+// settlement key and idempotency key (and a stored event's legacy key is charged with
+// a namespaced idempotency key from now on): the keys are then not compared, the
+// charge is.
 func sameCharge(a, b hooksv1alpha1.BillingSettlementSpec) bool {
 	a.SourceEvent, b.SourceEvent = "", ""
 	a.Metadata, b.Metadata = nil, nil
+	if sameOperation(a.SettlementKey, b.SettlementKey) {
+		a.SettlementKey, b.SettlementKey = "", ""
+		a.IdempotencyKey, b.IdempotencyKey = "", ""
+	}
 	return equality.Semantic.DeepEqual(a, b)
+}
+
+// sameOperation reports whether two settlement keys name one logical operation: equal,
+// or one the legacy form of the other.
+func sameOperation(a, b string) bool {
+	legacy := func(key string) string {
+		if k, ok := identity.ParseSettlementKey(key); ok {
+			return k.LegacyKey()
+		}
+		return key
+	}
+	return a == b || legacy(a) == legacy(b) && (a == legacy(a) || b == legacy(b))
 }
 
 // eventHash is the hash part of an event's name, short enough for a label value.
@@ -537,7 +667,11 @@ func eventChildren(obj client.Object) []string {
 		names = append(names, identity.JobCompletionName(ev.Spec.Provider, f.JobID))
 	}
 	for _, f := range ev.Spec.Settlements {
-		names = append(names, identity.SettlementName(ev.Spec.Provider, f.SettlementKey))
+		names = append(names, identity.SettlementNameFor(ev.Spec.Provider, f.SettlementKey))
+		if k, ok := identity.ParseSettlementKey(f.SettlementKey); ok && k.Kind == identity.KeyKindFields {
+			// The charge may live under its legacy name (legacySettlement).
+			names = append(names, identity.SettlementName(ev.Spec.Provider, k.LegacyKey()))
+		}
 	}
 	return names
 }

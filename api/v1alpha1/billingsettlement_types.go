@@ -145,14 +145,18 @@ type BillingSettlementSpec struct {
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
 	BillingProviderRef string `json:"billingProviderRef"`
 
-	// settlementKey identifies the logical operation, by default "<provider>/<jobID>".
+	// settlementKey identifies the logical operation; for a job's charge
+	// ["job","<namespace>","<webhook provider>","<jobID>"] ("<provider>/<jobID>" for
+	// settlements created before keys were namespaced).
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
 	SettlementKey string `json:"settlementKey"`
 
 	// idempotencyKey is sent with every attempt and replay: "stl_" and the first 32 hex
-	// characters of SHA-256(settlementKey). Set once at creation, never changed.
+	// characters of SHA-256 of the JSON array ["settlement","<namespace>","<settlementKey>"]
+	// (of settlementKey alone for settlements created before keys were namespaced).
+	// Set once at creation, never changed.
 	// +required
 	// +kubebuilder:validation:Pattern=`^stl_[0-9a-f]{32}$`
 	IdempotencyKey string `json:"idempotencyKey"`

@@ -203,7 +203,7 @@ type JobCompletionMapping struct {
 
 // SettlementMapping says how to read a billing settlement from a payload.
 // +kubebuilder:validation:XValidation:rule="has(self.usage) || has(self.amount)",message="a settlement needs usage, amount or both"
-// +kubebuilder:validation:XValidation:rule="has(self.keyFrom) || has(self.jobID)",message="set keyFrom, or jobID for the default key <provider>/<jobID>"
+// +kubebuilder:validation:XValidation:rule="has(self.keyFrom) || has(self.jobID)",message="set keyFrom, or jobID for the job's default key"
 type SettlementMapping struct {
 	// billingProviderRef names the BillingProvider (same namespace) that settles it.
 	// +required
@@ -213,14 +213,16 @@ type SettlementMapping struct {
 	BillingProviderRef string `json:"billingProviderRef"`
 
 	// jobID is the JSON path of the job's ID; the default settlement key is
-	// "<webhook provider>/<jobID>", so one job is charged once however often it is
-	// reported.
+	// ["job","<namespace>","<webhook provider>","<jobID>"], so one job is charged once
+	// however often it is reported, and never shares a key with another namespace's.
 	// +optional
 	// +kubebuilder:validation:MaxLength=256
 	JobID string `json:"jobID,omitempty"`
 
-	// keyFrom lists JSON paths whose values, joined with "/" after the provider name,
-	// form the settlement key, for charges that are not one-per-job (e.g. a line item).
+	// keyFrom lists JSON paths whose values form the settlement key, for charges that
+	// are not one-per-job (e.g. a line item). The key is a JSON array,
+	// ["key","<namespace>","<webhook provider>","<value 1>",...], so values containing
+	// "/" never collide; two items of one event with the same key are refused (400).
 	// +optional
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=8

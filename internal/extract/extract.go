@@ -8,6 +8,7 @@
 package extract
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -46,6 +47,7 @@ var (
 // Extractor is a compiled WebhookProvider spec. It is immutable and safe for
 // concurrent use.
 type Extractor struct {
+	namespace     string
 	provider      string
 	eventIDHeader string
 	eventIDPath   *payload.Path
@@ -93,10 +95,13 @@ type settlementMapping struct {
 }
 
 // Compile parses every path of a provider's spec. The error lists the first bad path
-// with the field it sits in, for the provider's Ready condition.
-func Compile(providerName string, spec *hooksv1alpha1.WebhookProviderSpec) (*Extractor, error) {
+// with the field it sits in, for the provider's Ready condition. namespace and
+// providerName are the WebhookProvider's: settlement keys are derived from both, so
+// that the same provider name in two namespaces never shares a key.
+func Compile(namespace, providerName string, spec *hooksv1alpha1.WebhookProviderSpec) (*Extractor, error) {
 	c := &compiler{}
 	x := &Extractor{
+		namespace:     namespace,
 		provider:      providerName,
 		eventIDHeader: spec.EventID.Header,
 		eventIDPath:   c.optional("spec.eventID.jsonPath", spec.EventID.JSONPath),
@@ -157,7 +162,7 @@ func Compile(providerName string, spec *hooksv1alpha1.WebhookProviderSpec) (*Ext
 					sm.keyFrom = append(sm.keyFrom, c.required(fmt.Sprintf("%s.settlement.keyFrom[%d]", at, i), p))
 				}
 				if sm.jobID == nil && len(sm.keyFrom) == 0 {
-					c.fail("%s.settlement: set keyFrom, or jobID for the default key <provider>/<jobID>", at)
+					c.fail("%s.settlement: set keyFrom, or jobID for the job's default key", at)
 				}
 				if m.Amount != nil {
 					sm.amountMinor = c.optional(at+".settlement.amount.minor", m.Amount.Minor)
@@ -297,7 +302,7 @@ func (x *Extractor) eventID(h http.Header, doc any) (string, error) {
 			return "", invalid("event ID is missing (header %s)", x.eventIDHeader)
 		}
 	case x.eventIDPath != nil:
-		v, found, err := x.eventIDPath.LookupString(doc, nil)
+		v, found, err := lookupIdentity(*x.eventIDPath, doc, nil)
 		if err != nil {
 			return "", invalid("event ID: %v", err)
 		}
@@ -308,7 +313,7 @@ func (x *Extractor) eventID(h http.Header, doc any) (string, error) {
 	default:
 		values := make([]string, 0, len(x.derivedFrom))
 		for _, p := range x.derivedFrom {
-			v, found, err := p.LookupString(doc, nil)
+			v, found, err := lookupIdentity(p, doc, nil)
 			if err != nil {
 				return "", invalid("event ID field: %v", err)
 			}
@@ -352,7 +357,12 @@ func (x *Extractor) hash(body []byte, doc any) (string, error) {
 
 // Facts runs the event's route over the payload and fills ev's job completions and
 // settlements. Every missing or malformed field is an ErrInvalidEvent naming the path.
+//
+// Two settlements of one event under the same key are refused (ErrInvalidEvent):
+// they would silently become one charge. The error names the operations, items and
+// key fields involved, and the key, never the payload.
 func (x *Extractor) Facts(ev *Event, doc any) error {
+	origins := map[string]keyOrigin{}
 	for oi, op := range x.routes[ev.Type] {
 		items := []any{nil}
 		if op.forEach != nil {
@@ -365,7 +375,7 @@ func (x *Extractor) Facts(ev *Event, doc any) error {
 			}
 			items = list
 		}
-		for _, item := range items {
+		for ii, item := range items {
 			switch {
 			case op.job != nil:
 				f, err := x.jobFacts(op.job, ev, doc, item)
@@ -378,6 +388,11 @@ func (x *Extractor) Facts(ev *Event, doc any) error {
 				if err != nil {
 					return err
 				}
+				here := keyOrigin{operation: oi, item: ii, op: &op}
+				if first, dup := origins[f.SettlementKey]; dup {
+					return keyCollision(first, here, f.SettlementKey)
+				}
+				origins[f.SettlementKey] = here
 				ev.Settlements = append(ev.Settlements, f)
 			}
 		}
@@ -391,8 +406,82 @@ func (x *Extractor) Facts(ev *Event, doc any) error {
 	return nil
 }
 
+// keyOrigin is where in a route a settlement key came from.
+type keyOrigin struct {
+	operation, item int
+	op              *operation
+}
+
+// keySource names the fields a settlement operation derives its key from.
+func (o keyOrigin) keySource() string {
+	m := o.op.stl
+	if len(m.keyFrom) == 0 {
+		return "default key from jobID " + m.jobID.String()
+	}
+	paths := make([]string, len(m.keyFrom))
+	for i, p := range m.keyFrom {
+		paths[i] = p.String()
+	}
+	return "keyFrom " + strings.Join(paths, ", ")
+}
+
+func (o keyOrigin) String() string {
+	if o.op.forEach == nil {
+		return fmt.Sprintf("operation %d (%s)", o.operation, o.keySource())
+	}
+	return fmt.Sprintf("operation %d item %d (forEach %s, %s)", o.operation, o.item, o.op.forEach, o.keySource())
+}
+
+func keyCollision(first, second keyOrigin, key string) error {
+	where := first.String() + " and " + second.String()
+	if first.operation == second.operation && first.op.forEach != nil {
+		where = fmt.Sprintf("operation %d (forEach %s, %s): items %d and %d",
+			first.operation, first.op.forEach, first.keySource(), first.item, second.item)
+	}
+	return invalid("%s yield the same settlement key %s, which would silently make them one charge; "+
+		"each charge needs a key of its own (add a field that tells them apart to keyFrom)", where, truncateKey(key))
+}
+
+func truncateKey(key string) string {
+	if len(key) > 160 {
+		return key[:160] + "…"
+	}
+	return key
+}
+
+// lookupIdentity reads a field an identity is keyed on (an event ID, a job ID, a
+// keyFrom value) as text. A JSON number is spelled canonically (identity.
+// CanonicalNumber), so that 42, 42.0 and 4.2e1 are the same job, as they are the same
+// payload for the hash.
+func lookupIdentity(p payload.Path, doc, item any) (string, bool, error) {
+	v, found, err := p.Lookup(doc, item)
+	if err != nil || !found {
+		return "", false, err
+	}
+	if n, ok := v.(json.Number); ok {
+		s, err := identity.CanonicalNumber(n.String())
+		if err != nil {
+			return "", false, fmt.Errorf("evaluate JSONPath %s: %v", p, err)
+		}
+		return s, true, nil
+	}
+	return p.LookupString(doc, item)
+}
+
+// requiredIdentity is requiredString for a field an identity is keyed on.
+func requiredIdentity(p payload.Path, doc, item any, what string, maxLen int) (string, error) {
+	v, found, err := lookupIdentity(p, doc, item)
+	return present(p, what, maxLen, v, found, err)
+}
+
 func requiredString(p payload.Path, doc, item any, what string, maxLen int) (string, error) {
 	v, found, err := p.LookupString(doc, item)
+	return present(p, what, maxLen, v, found, err)
+}
+
+// present turns a lookup's result into a present, bounded value or an
+// ErrInvalidEvent naming the field.
+func present(p payload.Path, what string, maxLen int, v string, found bool, err error) (string, error) {
 	if err != nil {
 		return "", invalid("%s: %v", what, err)
 	}
@@ -408,7 +497,7 @@ func requiredString(p payload.Path, doc, item any, what string, maxLen int) (str
 func (x *Extractor) jobFacts(m *jobMapping, ev *Event, doc, item any) (hooksv1alpha1.JobCompletionFacts, error) {
 	f := hooksv1alpha1.JobCompletionFacts{State: hooksv1alpha1.JobSucceeded, Sink: m.sink.DeepCopy()}
 	var err error
-	if f.JobID, err = requiredString(m.jobID, doc, item, "job ID", 256); err != nil {
+	if f.JobID, err = requiredIdentity(m.jobID, doc, item, "job ID", 256); err != nil {
 		return f, err
 	}
 	switch {
@@ -464,22 +553,24 @@ func (x *Extractor) settlementFacts(m *settlementMapping, doc, item any) (hooksv
 	f := hooksv1alpha1.SettlementFacts{BillingProviderRef: m.billingProvider}
 	var err error
 	if m.jobID != nil {
-		if f.JobID, err = requiredString(*m.jobID, doc, item, "job ID", 256); err != nil {
+		if f.JobID, err = requiredIdentity(*m.jobID, doc, item, "job ID", 256); err != nil {
 			return f, err
 		}
 	}
+	// Keys are namespaced and unambiguously encoded (identity: Keys, issue 10); a
+	// keyFrom key and a job's default key never share a key space.
 	if len(m.keyFrom) > 0 {
-		parts := []string{x.provider}
+		values := make([]string, 0, len(m.keyFrom))
 		for _, p := range m.keyFrom {
-			v, err := requiredString(p, doc, item, "settlement key field", 256)
+			v, err := requiredIdentity(p, doc, item, "settlement key field", 256)
 			if err != nil {
 				return f, err
 			}
-			parts = append(parts, v)
+			values = append(values, v)
 		}
-		f.SettlementKey = strings.Join(parts, "/")
+		f.SettlementKey = identity.FieldsSettlementKey(x.namespace, x.provider, values...)
 	} else {
-		f.SettlementKey = identity.DefaultSettlementKey(x.provider, f.JobID)
+		f.SettlementKey = identity.JobSettlementKey(x.namespace, x.provider, f.JobID)
 	}
 	if len(f.SettlementKey) > 512 {
 		return f, invalid("settlement key is %d bytes long; at most 512 are accepted", len(f.SettlementKey))

@@ -34,7 +34,7 @@ func testSpec() *hooksv1alpha1.WebhookProviderSpec {
 
 func run(t *testing.T, body string) (*Event, error) {
 	t.Helper()
-	x, err := Compile("inference", testSpec())
+	x, err := Compile("ns", "inference", testSpec())
 	if err != nil {
 		t.Fatalf("compile: %v", err)
 	}
@@ -64,7 +64,7 @@ func TestFacts(t *testing.T) {
 		t.Fatalf("job facts: %+v", jc)
 	}
 	st := ev.Settlements[0]
-	if st.SettlementKey != "inference/j1" || st.Customer != "c1" || st.Amount.Minor != 1250 || st.Amount.Currency != "USD" {
+	if st.SettlementKey != `["job","ns","inference","j1"]` || st.Customer != "c1" || st.Amount.Minor != 1250 || st.Amount.Currency != "USD" {
 		t.Fatalf("settlement facts: %+v", st)
 	}
 }
@@ -92,7 +92,7 @@ func TestFactsErrors(t *testing.T) {
 func TestUnroutedAndDerivedID(t *testing.T) {
 	spec := testSpec()
 	spec.EventID = hooksv1alpha1.EventIDSource{DerivedFrom: []string{".job.id", ".seq"}}
-	x, err := Compile("p", spec)
+	x, err := Compile("ns", "p", spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,12 +114,12 @@ func TestUnroutedAndDerivedID(t *testing.T) {
 func TestCompileErrors(t *testing.T) {
 	spec := testSpec()
 	spec.Routes[0].Operations[0].JobCompletion.JobID = "job.id" // not a path
-	if _, err := Compile("p", spec); err == nil || !strings.Contains(err.Error(), "spec.routes[0].operations[0].jobCompletion.jobID") {
+	if _, err := Compile("ns", "p", spec); err == nil || !strings.Contains(err.Error(), "spec.routes[0].operations[0].jobCompletion.jobID") {
 		t.Fatalf("want an error naming the field, got %v", err)
 	}
 	spec = testSpec()
 	spec.Routes[0].Operations[1].Settlement.JobID = ""
-	if _, err := Compile("p", spec); err == nil || !strings.Contains(err.Error(), "keyFrom") {
+	if _, err := Compile("ns", "p", spec); err == nil || !strings.Contains(err.Error(), "keyFrom") {
 		t.Fatalf("want a key source error, got %v", err)
 	}
 }
@@ -142,7 +142,7 @@ func FuzzExtract(f *testing.F) {
 	f.Add(`{"type":"job.completed","seq":7,"customer":"c1","cents":1250,"job":{"id":"j1","state":"failed","tokens":"42","model":"m"}}`, "msg_1")
 	f.Add(`{"type":"job.completed","job":{"id":[1,2]}}`, "")
 	f.Add(`{"type":1e400}`, "x")
-	x, err := Compile("inference", testSpec())
+	x, err := Compile("ns", "inference", testSpec())
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -475,7 +475,7 @@ func (r *Receiver) compiledFor(p *hooksv1alpha1.WebhookProvider) (compiled, erro
 	if ok && c.generation == p.Generation {
 		return c, nil
 	}
-	x, err := extract.Compile(p.Name, &p.Spec)
+	x, err := extract.Compile(p.Namespace, p.Name, &p.Spec)
 	if err != nil {
 		return compiled{}, err
 	}

@@ -216,7 +216,7 @@ var _ = Describe("the receiver", func() {
 			Expect(*jc.Usage).To(Equal(hooksv1alpha1.Usage{Meter: "tokens", Quantity: "1523", Unit: "tokens"}))
 			Expect(ev.Spec.Settlements).To(HaveLen(1))
 			st := ev.Spec.Settlements[0]
-			Expect(st.SettlementKey).To(Equal("inference/job-1"))
+			Expect(st.SettlementKey).To(Equal(identity.JobSettlementKey(ns, "inference", "job-1")))
 			Expect(st.Customer).To(Equal("cus_1"))
 			Expect(st.BillingProviderRef).To(Equal("billing"))
 		})
@@ -497,7 +497,7 @@ var _ = Describe("other signature schemes", func() {
 		evs := listEvents(ns)
 		Expect(evs).To(HaveLen(1))
 		Expect(evs[0].Spec.Settlements).To(HaveLen(2))
-		Expect(evs[0].Spec.Settlements[1].SettlementKey).To(Equal("inference/inv_7/l2"))
+		Expect(evs[0].Spec.Settlements[1].SettlementKey).To(Equal(identity.FieldsSettlementKey(ns, "inference", "inv_7", "l2")))
 		Expect(*evs[0].Spec.Settlements[1].Amount).To(Equal(hooksv1alpha1.Amount{Minor: 250, Currency: "EUR"}))
 		Expect(evs[0].Spec.Settlements[1].Customer).To(Equal("cus_3"))
 	})

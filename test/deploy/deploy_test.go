@@ -265,10 +265,10 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		Expect(send(replicas[0], "msg_1", "job-1", 999).Status).To(Equal(http.StatusConflict))
 
 		for i := range replicas {
-			key := identity.DefaultSettlementKey("inference", fmt.Sprintf("job-%d", i))
+			key := identity.JobSettlementKey(ns, "inference", fmt.Sprintf("job-%d", i))
 			Eventually(func() hooksv1alpha1.SettlementState {
 				var bs hooksv1alpha1.BillingSettlement
-				if k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.SettlementName("inference", key)}, &bs) != nil {
+				if k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.SettlementNameFor("inference", key)}, &bs) != nil {
 					return ""
 				}
 				return bs.Status.State

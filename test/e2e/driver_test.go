@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -148,18 +147,18 @@ func (r *run) checkInvariants(name string, allowed ...hooksv1alpha1.EventPhase) 
 
 	keys := map[string]bool{}
 	for _, job := range accepted {
-		keys[identity.DefaultSettlementKey(r.provider, job)] = true
+		keys[identity.JobSettlementKey(ns, r.provider, job)] = true
 	}
 	charged := 0
 	for _, rec := range billing.Records() {
-		if !strings.HasPrefix(rec.SettlementKey, r.provider+"/") || !keys[rec.SettlementKey] {
+		if !jobKeyOf(rec.SettlementKey, r.provider) || !keys[rec.SettlementKey] {
 			continue
 		}
 		charged++
 		Expect(billing.Charges(rec.SettlementKey)).To(Equal(1), "%s: one charge for %s", name, rec.SettlementKey)
 	}
 	for _, rec := range billing.Records() {
-		if strings.HasPrefix(rec.SettlementKey, r.provider+"/") {
+		if jobKeyOf(rec.SettlementKey, r.provider) {
 			Expect(allAccepted(rec.SettlementKey)).To(BeTrue(), "%s: charge %s has an acknowledged event", name, rec.SettlementKey)
 		}
 	}
@@ -202,8 +201,15 @@ func remember(r *run) {
 	allMu.Lock()
 	defer allMu.Unlock()
 	for _, job := range r.accepted {
-		allKeys[identity.DefaultSettlementKey(r.provider, job)] = true
+		allKeys[identity.JobSettlementKey(ns, r.provider, job)] = true
 	}
+}
+
+// jobKeyOf reports whether key is the settlement key of a job of provider in the
+// suite's namespace.
+func jobKeyOf(key, provider string) bool {
+	k, ok := identity.ParseSettlementKey(key)
+	return ok && k.Kind == identity.KeyKindJob && k.Namespace == ns && k.Provider == provider
 }
 
 func allAccepted(key string) bool {

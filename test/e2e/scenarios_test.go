@@ -77,7 +77,7 @@ var _ = Describe("the failure matrix on real processes (DESIGN §9)", Ordered, f
 		Expect(r.deliver("msg_reuse", "reuse-1", 1, jobEvent("reuse-1", 1, 1), time.Minute)).To(Equal(http.StatusOK))
 		Expect(r.deliver("msg_reuse", "reuse-x", 1, jobEvent("reuse-x", 1, 9), time.Minute)).To(Equal(http.StatusConflict))
 		r.checkInvariants("conflicting reuse")
-		Expect(billing.Charges(identity.DefaultSettlementKey("inference", "reuse-x"))).To(Equal(0))
+		Expect(billing.Charges(identity.JobSettlementKey(ns, "inference", "reuse-x"))).To(Equal(0))
 	})
 
 	It("acknowledges nothing while the API server is frozen, and everything after", func() {
@@ -118,7 +118,7 @@ var _ = Describe("the failure matrix on real processes (DESIGN §9)", Ordered, f
 		// The replicas' caches learn of the new provider within moments (404 until then).
 		Eventually(func() int { return r.deliver("msg_dl", "dl-1", 1, jobEvent("dl-1", 1, 3), time.Minute) }).
 			Should(Equal(http.StatusOK))
-		name := identity.SettlementName("short", identity.DefaultSettlementKey("short", "dl-1"))
+		name := identity.SettlementNameFor("short", identity.JobSettlementKey(ns, "short", "dl-1"))
 		bs := &hooksv1alpha1.BillingSettlement{}
 		Eventually(func() hooksv1alpha1.SettlementState {
 			Expect(client.IgnoreNotFound(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, bs))).To(Succeed())

@@ -150,6 +150,23 @@ func (s *Server) Applied(jobID string) (version int64, state string, application
 	return j.version, j.state, j.applications
 }
 
+// Keys lists, sorted, the idempotency keys the sink accepted for jobID: a test can
+// check that two tenants (or two versions) never present the same key.
+func (s *Server) Keys(jobID string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j, ok := s.jobs[jobID]
+	if !ok {
+		return nil
+	}
+	keys := make([]string, 0, len(j.keys))
+	for k := range j.keys {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
 // Requests is the number of completion POSTs received, including refused ones.
 func (s *Server) Requests() int {
 	s.mu.Lock()

@@ -1,0 +1,90 @@
+package controllers
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
+)
+
+// ErrSettlementIdentity marks a settlement whose name or idempotency key is not the
+// one derived from its settlement key (and namespace). Submitting it could charge
+// under another operation's key, or another tenant's, and be deduplicated onto that
+// charge: it is input a human must fix (reconcile.TerminalError), never retried.
+var ErrSettlementIdentity = errors.New("the settlement's identity is not derived from its settlement key")
+
+// ValidateSettlementIdentity checks that a settlement's metadata.name and
+// spec.idempotencyKey are the ones derived from its spec.settlementKey, so that a
+// hand-made settlement cannot present a key that belongs to another operation or
+// another namespace. CEL cannot check this on the CRD: Kubernetes' CEL libraries have
+// no SHA-256, and CRD rules cannot read metadata.namespace.
+//
+// Two derivations are accepted, so that nothing already stored becomes invalid:
+//
+//   - a structured key (identity.ParseSettlementKey, minted since issue 10) must name
+//     the settlement's own namespace, match spec.webhookProvider (and spec.jobID for a
+//     job's key), and carry identity.NamespacedIdempotencyKey and
+//     identity.SettlementNameFor;
+//   - any other key (legacy "<provider>/<jobID>", or written by hand) may carry either
+//     the legacy identity.IdempotencyKey (every settlement created before issue 10) or
+//     the namespaced one, under a name "<prefix>-stl-<h(settlementKey)>" whose prefix
+//     is spec.webhookProvider when that is set.
+//
+// The error wraps ErrSettlementIdentity and says which values are expected. It is
+// pure: the BillingSettlement controller calls it before any call to a provider.
+func ValidateSettlementIdentity(bs *hooksv1alpha1.BillingSettlement) error {
+	key, ns := bs.Spec.SettlementKey, bs.Namespace
+	var problems []string
+	if k, ok := identity.ParseSettlementKey(key); ok {
+		if k.Namespace != ns {
+			problems = append(problems, fmt.Sprintf("spec.settlementKey belongs to namespace %q, not %q: "+
+				"a settlement may only use its own namespace's keys", k.Namespace, ns))
+		}
+		if bs.Spec.WebhookProvider != k.Provider {
+			problems = append(problems, fmt.Sprintf("spec.webhookProvider is %q, but spec.settlementKey is webhook provider %q's",
+				bs.Spec.WebhookProvider, k.Provider))
+		}
+		if k.Kind == identity.KeyKindJob && bs.Spec.JobID != k.JobID() {
+			problems = append(problems, fmt.Sprintf("spec.jobID is %q, but spec.settlementKey is job %q's", bs.Spec.JobID, k.JobID()))
+		}
+		if want := identity.NamespacedIdempotencyKey(ns, key); bs.Spec.IdempotencyKey != want {
+			problems = append(problems, fmt.Sprintf("spec.idempotencyKey is %q, want %q (derived from the namespace and spec.settlementKey)",
+				bs.Spec.IdempotencyKey, want))
+		}
+		if want := identity.SettlementNameFor(k.Provider, key); bs.Name != want {
+			problems = append(problems, fmt.Sprintf("metadata.name is %q, want %q (derived from spec.settlementKey)", bs.Name, want))
+		}
+	} else {
+		legacy, namespaced := identity.IdempotencyKey(key), identity.NamespacedIdempotencyKey(ns, key)
+		if bs.Spec.IdempotencyKey != legacy && bs.Spec.IdempotencyKey != namespaced {
+			problems = append(problems, fmt.Sprintf("spec.idempotencyKey is %q, want %q (derived from the namespace and "+
+				"spec.settlementKey; settlements created before issue 10 have %q)", bs.Spec.IdempotencyKey, namespaced, legacy))
+		}
+		if why := legacyNameProblem(bs); why != "" {
+			problems = append(problems, why)
+		}
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s; the spec is immutable, so create a settlement with these values instead",
+		ErrSettlementIdentity, strings.Join(problems, "; "))
+}
+
+// legacyNameProblem checks "<prefix>-stl-<h(settlementKey)>", the name of a
+// settlement under a key that is not structured.
+func legacyNameProblem(bs *hooksv1alpha1.BillingSettlement) string {
+	suffix := identity.SettlementName("", bs.Spec.SettlementKey) // "-stl-<h(settlementKey)>"
+	prefix, found := strings.CutSuffix(bs.Name, suffix)
+	switch {
+	case bs.Spec.WebhookProvider != "":
+		if want := identity.SettlementName(bs.Spec.WebhookProvider, bs.Spec.SettlementKey); bs.Name != want {
+			return fmt.Sprintf("metadata.name is %q, want %q (derived from spec.webhookProvider and spec.settlementKey)", bs.Name, want)
+		}
+	case !found || prefix == "":
+		return fmt.Sprintf("metadata.name is %q, want <prefix>%s (derived from spec.settlementKey)", bs.Name, suffix)
+	}
+	return ""
+}
