@@ -43,7 +43,7 @@ const (
 )
 
 // BillingProviderReconciler reports whether a billing backend is usable and runs
-// the periodic reconciliation pass (DESIGN §7): it compares events, job completions,
+// the periodic reconciliation pass (docs/design.md §7): it compares events, job completions,
 // settlements and the provider's records, writes a ReconciliationReport, and carries
 // out automatic repairs through the records' own controllers (a reconcile-request
 // annotation), never around them. It deletes nothing but its own old reports.

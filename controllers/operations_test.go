@@ -106,7 +106,7 @@ func condition(conds []metav1.Condition, typ string) *metav1.Condition {
 	return apimeta.FindStatusCondition(conds, typ)
 }
 
-var _ = Describe("the failure matrix (DESIGN §9)", func() {
+var _ = Describe("the failure matrix (docs/design.md §9)", func() {
 	It("settles a completed job once: event Complete, job Applied, one charge", func() {
 		ns := newTenant()
 		sendOK(ns, "msg_happy", jobEvent("job-happy", 1, 1523))

@@ -159,7 +159,7 @@ func (r *BillingProviderReconciler) pass(ctx context.Context, bp *hooksv1alpha1.
 	return rr.Name, p.listedAll && err == nil, err
 }
 
-// compare answers each question of DESIGN §7 for one provider's namespace.
+// compare answers each question of docs/design.md §7 for one provider's namespace.
 func (r *BillingProviderReconciler) compare(ctx context.Context, bp *hooksv1alpha1.BillingProvider, c billing.Client,
 	policy reconciliationPolicy, now time.Time, reportName string, p *passState) error {
 	ns := client.InNamespace(bp.Namespace)

@@ -64,7 +64,7 @@ func importRecord(bs *hooksv1alpha1.BillingSettlement, id string, minor int64) {
 	Expect(billing.Import(rec)).To(Succeed())
 }
 
-var _ = Describe("reconciliation reports (DESIGN §7)", func() {
+var _ = Describe("reconciliation reports (docs/design.md §7)", func() {
 	It("imports a charge the provider settled while the local record was dead-lettered", func() {
 		ns := reconcilingTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
 			bp.Spec.Retry.MaxElapsed = &metav1.Duration{Duration: 2 * time.Second}
@@ -220,7 +220,7 @@ var _ = Describe("reconciliation reports (DESIGN §7)", func() {
 	})
 })
 
-var _ = Describe("retention (DESIGN §8)", func() {
+var _ = Describe("retention (docs/design.md §8)", func() {
 	It("deletes complete events after the provider's retention and never touches records", func() {
 		ns := newTenant(func(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
 			wp.Spec.Retention = &hooksv1alpha1.RetentionSpec{

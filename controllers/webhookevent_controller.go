@@ -93,7 +93,7 @@ func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request
 const defaultEventRetention = 7 * 24 * time.Hour
 
 // retention deletes a complete event once its provider's retention has passed since
-// receipt (DESIGN §8): by then the sender can no longer retry it, so its dedup record
+// receipt (docs/design.md §8): by then the sender can no longer retry it, so its dedup record
 // is no longer needed. Events that are not complete, including quarantined ones, are
 // kept for the reconciliation pass and for review. Children are never touched.
 func (r *WebhookEventReconciler) retention(ctx context.Context, ev *hooksv1alpha1.WebhookEvent) (ctrl.Result, bool, error) {
@@ -612,7 +612,7 @@ func mirroredSettlementState(bs *hooksv1alpha1.BillingSettlement) string {
 }
 
 // stateRetrying is mirrored for a child that is being retried after an error, so the
-// event shows PartiallyFailed (DESIGN §9) while the child itself stays in its state.
+// event shows PartiallyFailed (docs/design.md §9) while the child itself stays in its state.
 const stateRetrying = "Retrying"
 
 // derivePhase summarises the operations; the event's status only mirrors its children.

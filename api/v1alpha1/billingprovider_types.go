@@ -9,7 +9,7 @@ import (
 type BillingProviderType string
 
 const (
-	// BillingProviderHTTP speaks the generic HTTP contract of DESIGN §6.1. (Stripe is
+	// BillingProviderHTTP speaks the generic HTTP contract of docs/design.md §6.1. (Stripe is
 	// planned; the enum grows when its adapter exists, so no config is accepted that
 	// the operator cannot serve.)
 	BillingProviderHTTP BillingProviderType = "HTTP"
@@ -65,7 +65,7 @@ type RetryPolicy struct {
 	MaxBackoff *metav1.Duration `json:"maxBackoff,omitempty"`
 }
 
-// ReconciliationPolicy configures the periodic comparison with the provider (DESIGN §7).
+// ReconciliationPolicy configures the periodic comparison with the provider (docs/design.md §7).
 type ReconciliationPolicy struct {
 	// interval between passes.
 	// +optional

@@ -3,7 +3,7 @@ package v1alpha1
 import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 // Labels and annotations link objects without ownerReferences: financial records must
-// never be garbage-collected together with the events that caused them (DESIGN §1.4).
+// never be garbage-collected together with the events that caused them (docs/design.md §1.4).
 const (
 	// LabelProvider names the WebhookProvider an object came from.
 	LabelProvider = "hooks.settlement.dev/provider"
@@ -141,7 +141,7 @@ type JobSinkType string
 const (
 	// JobSinkNone keeps the JobCompletion object itself as the record of completion.
 	JobSinkNone JobSinkType = "None"
-	// JobSinkHTTP posts the completion to a job service (DESIGN §6.2).
+	// JobSinkHTTP posts the completion to a job service (docs/design.md §6.2).
 	JobSinkHTTP JobSinkType = "HTTP"
 )
 
@@ -149,7 +149,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="self.type == 'HTTP' ? has(self.url) : !has(self.url)",message="url is required when type is HTTP and not allowed otherwise"
 // +kubebuilder:validation:XValidation:rule="!has(self.credentialsSecretRef) || self.type == 'HTTP'",message="credentialsSecretRef only makes sense when type is HTTP"
 type JobSink struct {
-	// type of sink: None (the JobCompletion is the record) or HTTP (DESIGN §6.2).
+	// type of sink: None (the JobCompletion is the record) or HTTP (docs/design.md §6.2).
 	// +optional
 	// +kubebuilder:default=None
 	Type JobSinkType `json:"type,omitempty"`

@@ -14,7 +14,7 @@ const (
 	ReportFailed    ReportPhase = "Failed"
 )
 
-// DiscrepancyType names one question of DESIGN §7.
+// DiscrepancyType names one question of docs/design.md §7.
 // +kubebuilder:validation:Enum=JobWithoutSettlement;SettlementWithoutJob;SettlementStuck;ProviderSettledLocalPending;LocalSettledProviderUnknown;ProviderRecordWithoutSettlement;EventNotComplete;EventQuarantined;AmountMismatch
 type DiscrepancyType string
 

@@ -1,4 +1,4 @@
-// Command fake-billing runs the fake billing provider (DESIGN §6.1), and optionally
+// Command fake-billing runs the fake billing provider (docs/design.md §6.1), and optionally
 // the fake job sink (§6.2), as a separate process for the demo and end-to-end tests.
 // Faults are injected and the ledger read through the /_admin/ API:
 //

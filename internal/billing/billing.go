@@ -1,4 +1,4 @@
-// Package billing is the only code that talks to billing providers (DESIGN §6.1).
+// Package billing is the only code that talks to billing providers (docs/design.md §6.1).
 //
 // Everything above this package reasons in three error classes — Transient, Terminal,
 // Ambiguous — and never in HTTP status codes or socket errors: the classification is
@@ -63,7 +63,7 @@ type Amount struct {
 
 // Request is one logical financial operation as the provider sees it. The same Request
 // with the same IdempotencyKey is sent on every attempt and every replay, which is what
-// lets the provider deduplicate our retries (DESIGN §1.5).
+// lets the provider deduplicate our retries (docs/design.md §1.5).
 type Request struct {
 	// SettlementKey is the business identity of the operation, e.g. "<provider>/<jobID>".
 	SettlementKey string

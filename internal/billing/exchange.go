@@ -145,7 +145,7 @@ func networkCode(err error) string {
 }
 
 // StatusError classifies a reply whose status the caller's contract does not handle
-// itself (DESIGN §5, §6.1):
+// itself (docs/design.md §5, §6.1):
 //
 //   - 409 idempotency_key_in_use: a request with the same key is still being processed
 //     -> Transient;

@@ -1,6 +1,6 @@
 // Package identity derives object names, idempotency keys and payload hashes.
 //
-// Every function here is a pure function of stable business fields (DESIGN §1.3):
+// Every function here is a pure function of stable business fields (docs/design.md §1.3):
 // the same event, job or settlement always maps to the same name and key, no matter
 // which replica computes it, how often a provider redelivers, or when it happens.
 // The API server's name uniqueness then acts as our unique constraint, and a
@@ -53,7 +53,7 @@ func EventName(namespace, provider, eventID string) string {
 }
 
 // QuarantineName is the name of the quarantine record created when an event ID is
-// reused with a different payload (DESIGN §4 step 6). Deriving it from the new
+// reused with a different payload (docs/design.md §4 step 6). Deriving it from the new
 // payload's hash makes the quarantine record itself idempotent: redeliveries of the
 // same conflicting payload hit AlreadyExists instead of piling up records.
 //

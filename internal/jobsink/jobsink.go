@@ -1,5 +1,5 @@
 // Package jobsink applies job completions to a job service over the generic HTTP
-// contract (DESIGN §6.2).
+// contract (docs/design.md §6.2).
 //
 // The job service guards its own transition with the completion version, so a
 // completion can be sent any number of times: a repeat is "already applied", an older

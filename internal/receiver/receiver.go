@@ -1,4 +1,4 @@
-// Package receiver is the webhook ingestion endpoint (DESIGN §4): it authenticates a
+// Package receiver is the webhook ingestion endpoint (docs/design.md §4): it authenticates a
 // delivery, extracts its facts and stores it as exactly one WebhookEvent, and answers
 // 2xx only once the API server has accepted that write or the delivery is proven to
 // be a duplicate of one it accepted.

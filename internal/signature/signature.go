@@ -1,4 +1,4 @@
-// Package signature verifies and produces webhook signatures (DESIGN §4 step 3).
+// Package signature verifies and produces webhook signatures (docs/design.md §4 step 3).
 //
 // The receiver calls Verify before it parses or stores anything, so an unsigned or
 // replayed request never reaches the API server. Verify is a pure function of its

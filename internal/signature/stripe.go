@@ -13,7 +13,7 @@ import (
 // (github.com/stripe/stripe-go/v82/webhook), for three reasons:
 //   - its ValidatePayload* functions read time.Since internally, so they cannot take
 //     our clock, and they only reject timestamps that are too old: a timestamp in the
-//     future is accepted, where DESIGN §4 requires tolerance in both directions;
+//     future is accepted, where docs/design.md §4 requires tolerance in both directions;
 //   - its IgnoringTolerance variant, the only way to supply our own clock, also
 //     accepts a header without "t=" (the signature is then checked against year 1);
 //   - the package imports the whole stripe-go SDK (hundreds of files) into the

@@ -26,7 +26,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
 
-var _ = Describe("the failure matrix on real processes (DESIGN §9)", Ordered, func() {
+var _ = Describe("the failure matrix on real processes (docs/design.md §9)", Ordered, func() {
 	It("turns 50 concurrent duplicates across both replicas into one event and one charge", func() {
 		r := newRun()
 		var wg sync.WaitGroup

@@ -1,5 +1,5 @@
 // Package fakebilling is a billing provider that speaks the generic HTTP contract
-// (DESIGN §6.1) over a real socket, keeps a ledger, and misbehaves on request.
+// (docs/design.md §6.1) over a real socket, keeps a ledger, and misbehaves on request.
 //
 // It exists so that "exactly one charge" can be asserted against the provider's own
 // books rather than against calls a mock recorded: tests and the demo inject the

@@ -1,5 +1,5 @@
 // Package fakejobsink is a job service that speaks the generic job-sink contract
-// (DESIGN §6.2) over a real socket and remembers what it applied.
+// (docs/design.md §6.2) over a real socket and remembers what it applied.
 //
 // Tests assert on its books — which version a job holds and how many times a new
 // version was applied — rather than on the calls the operator made, so "a redelivered
