@@ -8,7 +8,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -107,10 +106,8 @@ func (r *BillingProviderReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hooksv1alpha1.BillingProvider) (result ctrl.Result, err error) {
 	before := bp.DeepCopy()
 	defer func() {
-		if !equality.Semantic.DeepEqual(before.Status, bp.Status) {
-			if perr := r.Status().Patch(ctx, bp, client.MergeFrom(before)); perr != nil && err == nil {
-				err = fmt.Errorf("patch status of billingprovider %s/%s: %w", bp.Namespace, bp.Name, perr)
-			}
+		if _, perr := patchStatus(ctx, r.Client, bp, before, false); perr != nil && err == nil {
+			err = perr
 		}
 	}()
 	bp.Status.ObservedGeneration = bp.Generation
@@ -138,7 +135,7 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 	if err != nil {
 		// The report records the failure; the next pass comes at the usual interval
 		// rather than in a tight error loop against a provider that is down.
-		r.Recorder.Eventf(bp, nil, "Warning", "ReconciliationFailed", "Reconcile", "%s: %s", report, truncateMessage(err.Error()))
+		r.Recorder.Eventf(bp, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonReconciliationFailed, "Reconcile", "%s: %s", report, truncateMessage(err.Error()))
 	}
 	end := metav1.NewTime(now)
 	bp.Status.LastReconciliation, bp.Status.LastReport = &end, report
@@ -236,13 +233,11 @@ func (r *BillingProviderReconciler) reconcileDelete(ctx context.Context, bp *hoo
 	bp.Status.ObservedGeneration = bp.Generation
 	setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionDeleting, metav1.ConditionTrue,
 		hooksv1alpha1.ReasonSettlementsInFlight, msg)
-	if equality.Semantic.DeepEqual(before.Status, bp.Status) {
-		return ctrl.Result{}, nil
-	}
 	// Optimistic lock: a copy from a cache that has not seen our last write yet fails
 	// here instead of announcing the wait a second time.
-	if err := r.Status().Patch(ctx, bp, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-		return ctrl.Result{}, fmt.Errorf("patch status of billingprovider %s/%s: %w", bp.Namespace, bp.Name, err)
+	wrote, err := patchStatus(ctx, r.Client, bp, before, true)
+	if err != nil || !wrote {
+		return ctrl.Result{}, err
 	}
 	if announce {
 		r.Recorder.Eventf(bp, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonSettlementsInFlight, "Delete", "%s", msg)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -149,11 +150,11 @@ func (r *BillingProviderReconciler) pass(ctx context.Context, bp *hooksv1alpha1.
 			hooksv1alpha1.ReasonValid, fmt.Sprintf("%d discrepancies, %d repaired, %d need review",
 				rr.Status.Discrepancies, rr.Status.Repaired, rr.Status.NeedsReview))
 	}
-	if perr := r.Status().Patch(ctx, rr, client.MergeFrom(base)); perr != nil {
+	if _, perr := patchStatus(ctx, r.Client, rr, base, false); perr != nil {
 		return "", false, fmt.Errorf("write report %s: %w", rr.Name, perr)
 	}
 	if rr.Status.NeedsReview > 0 {
-		r.Recorder.Eventf(bp, rr, "Warning", "DiscrepanciesNeedReview", "Reconcile",
+		r.Recorder.Eventf(bp, rr, corev1.EventTypeWarning, hooksv1alpha1.ReasonDiscrepanciesNeedReview, "Reconcile",
 			"%s: %d discrepancies need review (see docs/runbook.md)", rr.Name, rr.Status.NeedsReview)
 	}
 	return rr.Name, p.listedAll && err == nil, err
@@ -539,7 +540,7 @@ func (r *BillingProviderReconciler) markReconciled(ctx context.Context, bs *hook
 	bs.Status.LastReconciledAt = &t
 	setCondition(&bs.Status.Conditions, bs.Generation, hooksv1alpha1.ConditionReconciled, metav1.ConditionTrue,
 		hooksv1alpha1.ReasonConfirmedByProvider, fmt.Sprintf("the provider's record %s matches", rec.ID))
-	if err := r.Status().Patch(ctx, bs, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+	if _, err := patchStatus(ctx, r.Client, bs, base, true); err != nil {
 		log.FromContext(ctx).V(1).Info("mark reconciled skipped", "settlement", bs.Name, "error", err.Error())
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -81,10 +82,8 @@ func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request
 			return ctrl.Result{}, err
 		}
 	}
-	if !equality.Semantic.DeepEqual(before.Status, ev.Status) {
-		if perr := r.Status().Patch(ctx, &ev, client.MergeFrom(before)); perr != nil {
-			return ctrl.Result{}, fmt.Errorf("patch status of webhookevent %s: %w", req.NamespacedName, perr)
-		}
+	if _, perr := patchStatus(ctx, r.Client, &ev, before, false); perr != nil {
+		return ctrl.Result{}, perr
 	}
 	return res, err
 }
@@ -306,7 +305,7 @@ func (r *WebhookEventReconciler) jobCompletion(ctx context.Context, ev *hooksv1a
 		op.Outcome = hooksv1alpha1.OutcomeSuperseded
 		op.Message = fmt.Sprintf("version %d is older than version %d from %s; the job does not move backward",
 			f.Version, current.Version, current.SourceEvent)
-		r.Recorder.Eventf(&jc, ev, "Normal", hooksv1alpha1.ReasonVersionSuperseded, "Supersede",
+		r.Recorder.Eventf(&jc, ev, corev1.EventTypeNormal, hooksv1alpha1.ReasonVersionSuperseded, "Supersede",
 			"version %d from %s is older than version %d; ignored", f.Version, ev.Name, current.Version)
 	case sameCompletion(current, proposed):
 		op.Outcome = hooksv1alpha1.OutcomeLinked
@@ -317,7 +316,7 @@ func (r *WebhookEventReconciler) jobCompletion(ctx context.Context, ev *hooksv1a
 	default:
 		op.Outcome = hooksv1alpha1.OutcomeConflict
 		op.Message = fmt.Sprintf("version %d was already reported by %s with different content", f.Version, current.SourceEvent)
-		r.Recorder.Eventf(&jc, ev, "Warning", hooksv1alpha1.ReasonVersionConflict, "Conflict",
+		r.Recorder.Eventf(&jc, ev, corev1.EventTypeWarning, hooksv1alpha1.ReasonVersionConflict, "Conflict",
 			"%s reports version %d with different content than %s", ev.Name, f.Version, current.SourceEvent)
 	}
 	return op, "", nil
@@ -460,7 +459,7 @@ func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alph
 		op.Outcome = hooksv1alpha1.OutcomeConflict
 		op.Message = fmt.Sprintf("settlement key %q already exists with different content (from %s); nothing is charged for this event",
 			f.SettlementKey, bs.Spec.SourceEvent)
-		r.Recorder.Eventf(&bs, ev, "Warning", hooksv1alpha1.ReasonOperationAmbiguous, "Conflict",
+		r.Recorder.Eventf(&bs, ev, corev1.EventTypeWarning, hooksv1alpha1.ReasonOperationAmbiguous, "Conflict",
 			"%s asks for settlement key %q with different content", ev.Name, f.SettlementKey)
 	case bs.Spec.SourceEvent == ev.Name:
 		op.Outcome = hooksv1alpha1.OutcomeCreated

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -59,10 +58,8 @@ func (r *WebhookProviderReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if err := r.nextRetentionSweep(ctx, &p); err != nil {
 		return ctrl.Result{}, err
 	}
-	if !equality.Semantic.DeepEqual(before.Status, p.Status) {
-		if err := r.Status().Patch(ctx, &p, client.MergeFrom(before)); err != nil {
-			return ctrl.Result{}, fmt.Errorf("patch status of webhookprovider %s: %w", req.NamespacedName, err)
-		}
+	if _, err := patchStatus(ctx, r.Client, &p, before, false); err != nil {
+		return ctrl.Result{}, err
 	}
 	return ctrl.Result{RequeueAfter: r.interval()}, nil
 }

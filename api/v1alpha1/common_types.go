@@ -56,6 +56,11 @@ const (
 	ReasonSecretInvalid    = "SecretInvalid"
 	ReasonReconciling      = "Reconciling"
 	ReasonAPIServerFailure = "APIServerFailure"
+	// ReasonReconciliationFailed: a reconciliation pass could not compare with the
+	// provider (its report says why); the next pass comes at the usual interval.
+	ReasonReconciliationFailed = "ReconciliationFailed"
+	// ReasonDiscrepanciesNeedReview: a pass found discrepancies a human must review.
+	ReasonDiscrepanciesNeedReview = "DiscrepanciesNeedReview"
 	// ReasonBillingProviderNotReady: a record waits for its BillingProvider or the
 	// provider's credentials.
 	ReasonBillingProviderNotReady = "BillingProviderNotReady"

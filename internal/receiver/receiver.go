@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -429,7 +430,7 @@ func (r *Receiver) compare(ctx context.Context, p *hooksv1alpha1.WebhookProvider
 	err := r.writer.Create(apiCtx, q)
 	switch {
 	case err == nil:
-		r.recorder.Eventf(p, existing, "Warning", hooksv1alpha1.ReasonConflictingEventReuse, "Quarantine",
+		r.recorder.Eventf(p, existing, corev1.EventTypeWarning, hooksv1alpha1.ReasonConflictingEventReuse, "Quarantine",
 			"event ID of %s was delivered again with a different payload; quarantined as %s", existing.Name, qname)
 	case apierrors.IsAlreadyExists(err):
 		// Already quarantined by an earlier delivery: one record, one warning.
