@@ -217,6 +217,12 @@ func (r *BillingProviderReconciler) reconcileDelete(ctx context.Context, bp *hoo
 		return ctrl.Result{}, err
 	}
 	if len(holders) == 0 {
+		// The cache may not have seen a settlement's bracket yet: confirm live before
+		// letting the provider go (a settlement re-reads the provider live after its
+		// bracket, so one of the two always sees the other).
+		if holders, err = r.settlementsHoldingLive(ctx, bp); err != nil || len(holders) > 0 {
+			return ctrl.Result{RequeueAfter: time.Second}, err
+		}
 		patch := client.MergeFromWithOptions(bp.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		controllerutil.RemoveFinalizer(bp, hooksv1alpha1.FinalizerBillingProviderInUse)
 		if err := r.Patch(ctx, bp, patch); err != nil && !apierrors.IsNotFound(err) {
@@ -262,6 +268,21 @@ func (r *BillingProviderReconciler) settlementsHolding(ctx context.Context, bp *
 		}
 	}
 	sort.Strings(names)
+	return names, nil
+}
+
+// settlementsHoldingLive is settlementsHolding read from the API server.
+func (r *BillingProviderReconciler) settlementsHoldingLive(ctx context.Context, bp *hooksv1alpha1.BillingProvider) ([]string, error) {
+	var l hooksv1alpha1.BillingSettlementList
+	if err := r.APIReader.List(ctx, &l, client.InNamespace(bp.Namespace)); err != nil {
+		return nil, fmt.Errorf("list settlements of billingprovider %s/%s: %w", bp.Namespace, bp.Name, err)
+	}
+	var names []string
+	for i := range l.Items {
+		if l.Items[i].Spec.BillingProviderRef == bp.Name && SettlementHoldsProvider(&l.Items[i]) {
+			names = append(names, l.Items[i].Name)
+		}
+	}
 	return names, nil
 }
 

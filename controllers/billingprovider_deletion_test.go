@@ -60,7 +60,23 @@ var _ = Describe("deleting a BillingProvider (issue 10)", func() {
 		ns := newTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
 			// The outage must not dead-letter the settlement while the test looks.
 			bp.Spec.Retry.MaxAttempts = 1000
+			bp.Spec.Retry.InitialBackoff = fixtures.Duration(2 * time.Second)
+			bp.Spec.Retry.MaxBackoff = fixtures.Duration(4 * time.Second)
 		})
+		// A 503 to the POST: the charge may be at the provider (exposure Possible), and
+		// the provider is down before it can be asked. (A connection refused would prove
+		// nothing moved: such a settlement does not hold its provider.)
+		billing.FailNext(1, http.StatusServiceUnavailable)
+		sendOK(ns, "msg_bp_delete", jobEvent("job-bp-delete", 1, 11))
+		Eventually(func() hooksv1alpha1.Exposure {
+			bs := &hooksv1alpha1.BillingSettlement{}
+			_ = k8s.Get(ctx, client.ObjectKey{Namespace: ns,
+				Name: identity.SettlementName("inference", identity.DefaultSettlementKey("inference", "job-bp-delete"))}, bs)
+			if bs.Status.Attempts == 0 {
+				return ""
+			}
+			return bs.Status.Exposure
+		}).Should(Equal(hooksv1alpha1.ExposurePossible))
 		Expect(billing.SetDown(true)).To(Succeed())
 		downed := true
 		defer func() {
@@ -68,8 +84,7 @@ var _ = Describe("deleting a BillingProvider (issue 10)", func() {
 				_ = billing.SetDown(false)
 			}
 		}()
-		sendOK(ns, "msg_bp_delete", jobEvent("job-bp-delete", 1, 11))
-		Eventually(settlementState(ns, "job-bp-delete")).Should(Equal(hooksv1alpha1.SettlementSubmitted))
+		Expect(settlementState(ns, "job-bp-delete")()).To(Equal(hooksv1alpha1.SettlementSubmitted))
 		bs := settlementOf(ns, "job-bp-delete")
 		Expect(bs.Status.FirstSubmittedAt).NotTo(BeNil())
 
@@ -93,12 +108,12 @@ var _ = Describe("deleting a BillingProvider (issue 10)", func() {
 			g.Expect(c.ObservedGeneration).To(Equal(bp.Generation))
 		}).Should(Succeed())
 		Eventually(func() int { n, _ := warningEvents(ns, hooksv1alpha1.ReasonSettlementsInFlight); return n }).Should(Equal(1))
-		// The settlement keeps retrying through the deleting provider meanwhile.
+		// The settlement keeps asking the deleting provider by key meanwhile.
 		Expect(settlementState(ns, "job-bp-delete")()).To(Equal(hooksv1alpha1.SettlementSubmitted))
 
 		Expect(billing.SetDown(false)).To(Succeed())
 		downed = false
-		Eventually(settlementState(ns, "job-bp-delete")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		Eventually(settlementState(ns, "job-bp-delete")).WithTimeout(time.Minute).Should(Equal(hooksv1alpha1.SettlementSettled))
 		Expect(billing.Charges(key(ns, "job-bp-delete"))).To(Equal(1))
 		Eventually(billingProviderGone(ns)).WithTimeout(10*time.Second).Should(BeTrue(),
 			"nothing holds the provider once the settlement settled")

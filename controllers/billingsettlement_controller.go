@@ -90,8 +90,11 @@ type settlementScope struct {
 	reverses string
 	// forceLookup: a new reconcile-request token asks the provider by key now.
 	forceLookup bool
-	// reconcileToken is that token, recorded once the provider answered.
+	// reconcileToken is that token, recorded once the lookup was made.
 	reconcileToken string
+	// lookupOnly, when set, says why this settlement is never submitted again (its
+	// identity is not derived, but an older operator sent it): it is only asked by key.
+	lookupOnly string
 }
 
 // settlementPhase is one step of a reconcile; a non-zero result or an error stops.
@@ -120,7 +123,7 @@ func (r *BillingSettlementReconciler) Reconcile(ctx context.Context, req ctrl.Re
 		}
 	}()
 	phases := []settlementPhase{r.observeGeneration, r.checkIdentity, r.initExposure, r.handleReplay,
-		r.handleReconcileRequest, r.updateReversedBy, r.resolveProvider, r.guardCompensation, r.drive}
+		r.handleReconcileRequest, r.updateReversedBy, r.resolveProvider, r.drive}
 	if !bs.DeletionTimestamp.IsZero() {
 		phases = []settlementPhase{r.observeGeneration, r.initExposure, r.resolveProviderIfHeld, r.drive}
 	}

@@ -48,7 +48,7 @@ func (r *BillingSettlementReconciler) observeGeneration(_ context.Context, s *se
 // another operation's or another tenant's key. One never sent is Failed with reason
 // InvalidIdentity and nothing is sent; its spec is immutable, so the fix is a
 // correctly made settlement. One an older operator already sent keeps being resolved
-// (money may be at the provider), with a Warning.
+// by lookups only (money may be at the provider), with a Warning.
 func (r *BillingSettlementReconciler) checkIdentity(_ context.Context, s *settlementScope) (ctrl.Result, error) {
 	bs, st := s.bs, &s.bs.Status
 	err := ValidateSettlementIdentity(bs)
@@ -60,6 +60,7 @@ func (r *BillingSettlementReconciler) checkIdentity(_ context.Context, s *settle
 		if c := findCondition(bs, hooksv1alpha1.ConditionReady); c == nil || c.Reason != hooksv1alpha1.ReasonInvalidIdentity {
 			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonInvalidIdentity, "Validate", "%s", msg)
 		}
+		s.lookupOnly = msg // resolved by lookups only, never sent again
 		return ctrl.Result{}, nil
 	}
 	if st.State != hooksv1alpha1.SettlementFailed {
@@ -260,7 +261,8 @@ func targetOf(bp *hooksv1alpha1.BillingProvider) hooksv1alpha1.ProviderTarget {
 		CredentialsSecret: ref.Name + "/" + key}
 }
 
-// guardCompensation holds a Refund or Void that has never been submitted while sending it
+// guardCompensation holds a Refund or Void, before every submission of it (the first, and
+// any after a retry or a replay), while sending it
 // could move money wrongly: the original must exist, be for the same customer and
 // currency, and be Settled (Refund) or sent but not settled (Void); refunds of one
 // original never add up to more than it charged. Two refunds created at once see each
@@ -269,9 +271,6 @@ func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *
 	bs := s.bs
 	if bs.Spec.Type != hooksv1alpha1.SettlementRefund && bs.Spec.Type != hooksv1alpha1.SettlementVoid {
 		return ctrl.Result{}, nil
-	}
-	if bs.Status.Attempts > 0 {
-		return ctrl.Result{}, nil // sent in this life: the guard is behind it
 	}
 	var orig hooksv1alpha1.BillingSettlement
 	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: bs.Spec.Reverses}, &orig)
@@ -289,10 +288,10 @@ func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *
 		if err := r.APIReader.List(ctx, &l, client.InNamespace(bs.Namespace)); err != nil {
 			return ctrl.Result{}, fmt.Errorf("list refunds of %s: %w", orig.Name, err)
 		}
-		total := int64(0)
+		total := bs.Spec.Amount.Minor // this one, as it is about to be sent (a replay is not persisted yet)
 		for i := range l.Items {
 			o := &l.Items[i]
-			if o.Spec.Reverses != orig.Name || o.Spec.Type != hooksv1alpha1.SettlementRefund || o.Spec.Amount == nil {
+			if o.Name == bs.Name || o.Spec.Reverses != orig.Name || o.Spec.Type != hooksv1alpha1.SettlementRefund || o.Spec.Amount == nil {
 				continue
 			}
 			if o.Status.State == hooksv1alpha1.SettlementFailed && EffectiveExposure(&o.Status) == hooksv1alpha1.ExposureNone {
@@ -377,7 +376,7 @@ func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementSc
 	looked, submitted := false, false
 	for range maxStepsPerReconcile {
 		d := decide(decisionInput{status: &s.bs.Status, policy: s.policy, deleting: deleting,
-			providerChanged: s.providerChanged(), forceLookup: s.forceLookup && !looked,
+			providerChanged: s.providerChanged(), forceLookup: s.forceLookup && !looked, lookedUp: looked,
 			obs: obs, now: s.now, random: r.random()})
 		r.apply(ctx, s, d, obs)
 		obs = observation{}
@@ -388,10 +387,23 @@ func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementSc
 			if submitted || deleting {
 				return ctrl.Result{RequeueAfter: time.Second}, nil
 			}
+			if s.lookupOnly != "" {
+				r.cond(s.bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonInvalidIdentity,
+					s.lookupOnly+"; it is only ever asked for by key, never sent again")
+				return ctrl.Result{}, nil
+			}
+			if res, err := r.guardCompensation(ctx, s); err != nil || !res.IsZero() {
+				return res, err
+			}
 			submitted = true
 			var err error
-			if obs, err = r.submit(ctx, s); err != nil {
+			var held string
+			if obs, held, err = r.submit(ctx, s); err != nil {
 				return ctrl.Result{}, err
+			}
+			if held != "" {
+				r.cond(s.bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, ReasonBillingProviderNotFound, held)
+				return ctrl.Result{RequeueAfter: waitForReference}, nil
 			}
 		case actLookup:
 			if looked {
@@ -404,6 +416,11 @@ func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementSc
 		case actWait, actHold:
 			return ctrl.Result{RequeueAfter: d.wait}, nil
 		default:
+			if deleting && HoldsMoney(&s.bs.Status) {
+				// Nothing more to do by itself (e.g. RequiresReconciliation), but the
+				// deletion waits for the provider: keep asking it now and then.
+				return ctrl.Result{RequeueAfter: s.policy.max}, nil
+			}
 			return ctrl.Result{}, nil
 		}
 	}
@@ -421,15 +438,21 @@ func (s *settlementScope) providerChanged() bool {
 // exposure Possible, where it goes, and the attempt are persisted first, with the
 // resourceVersion as compare-and-swap, so two reconciles from one snapshot cannot
 // both send and a crash mid-call leaves a settlement that asks before it resends.
-func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementScope) (observation, error) {
+//
+// After the bracket is written the BillingProvider is read live: if it is being
+// deleted (or gone, or another object) nothing is sent and the bracket is undone, so
+// its deletion — which releases only once no settlement holds it, listed live — can
+// never race a first submission into a provider that no longer exists. held says why.
+func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementScope) (_ observation, held string, _ error) {
 	bs, st := s.bs, &s.bs.Status
-	prior := EffectiveExposure(st)
+	prior, priorLast := EffectiveExposure(st), st.LastSubmission
 	now := metav1.NewTime(s.now)
 	if st.FirstSubmittedAt == nil {
 		st.FirstSubmittedAt = &now
 	}
 	target := s.target
-	st.Exposure, st.SentTo = hooksv1alpha1.ExposurePossible, &target
+	// A crash or a lost answer from here on means the provider may have it.
+	st.Exposure, st.SentTo, st.LastSubmission = hooksv1alpha1.ExposurePossible, &target, hooksv1alpha1.SubmissionMaybeReceived
 	st.State, st.LastAttemptAt, st.NextAttemptAt = hooksv1alpha1.SettlementSubmitted, &now, nil
 	st.Attempts++
 	r.cond(bs, hooksv1alpha1.ConditionSubmitted, metav1.ConditionTrue, hooksv1alpha1.ReasonSubmittedToProvider,
@@ -438,7 +461,16 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 		fmt.Sprintf("attempt %d in flight with key %s", st.Attempts, bs.Spec.IdempotencyKey))
 	if _, err := patchStatus(ctx, r.Client, bs, s.before, true); err != nil {
 		bs.Status = *s.before.Status.DeepCopy()
-		return observation{}, fmt.Errorf("record attempt of billingsettlement %s: %w", bs.Name, err)
+		return observation{}, "", fmt.Errorf("record attempt of billingsettlement %s: %w", bs.Name, err)
+	}
+	if why, err := r.providerGoing(ctx, s, prior); err != nil || why != "" {
+		bracketed := bs.DeepCopy()
+		bs.Status = *s.before.Status.DeepCopy() // no call was made: exactly as before
+		if _, perr := patchStatus(ctx, r.Client, bs, bracketed, true); perr != nil {
+			return observation{}, "", perr // exposure stays Possible: it is only asked, never lost
+		}
+		s.before = bs.DeepCopy()
+		return observation{}, why, err
 	}
 	r.countTransition(s)
 	if s.before.Status.Attempts == 0 {
@@ -452,11 +484,31 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 	if err != nil {
 		settlementAttempts.WithLabelValues("submit", classLabel(err)).Inc()
 		o := failureObservation(err, s.now, st)
-		o.submit, o.priorExposure = true, prior
-		return o, nil
+		o.submit, o.priorExposure, o.priorLastSubmission = true, prior, priorLast
+		return o, "", nil
 	}
 	settlementAttempts.WithLabelValues("submit", "ok").Inc()
-	return recordObservation(req, rec, true), nil
+	return recordObservation(req, rec, true), "", nil
+}
+
+// providerGoing reads the BillingProvider live and says why nothing may be sent
+// through it ("" when it may).
+func (r *BillingSettlementReconciler) providerGoing(ctx context.Context, s *settlementScope, prior hooksv1alpha1.Exposure) (string, error) {
+	var bp hooksv1alpha1.BillingProvider
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: s.bs.Namespace, Name: s.bs.Spec.BillingProviderRef}, &bp)
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Sprintf("BillingProvider %q is gone; nothing is sent", s.bs.Spec.BillingProviderRef), nil
+	case err != nil:
+		return "", fmt.Errorf("get billingprovider %s: %w", s.bs.Spec.BillingProviderRef, err)
+	case !bp.DeletionTimestamp.IsZero() && prior != hooksv1alpha1.ExposurePossible:
+		// A resend of what may already be there (same key) finishes the job; new
+		// exposure through a provider being deleted is not taken.
+		return fmt.Sprintf("BillingProvider %q is being deleted; nothing new is sent through it", bp.Name), nil
+	case bp.UID != s.provider.UID:
+		return fmt.Sprintf("BillingProvider %q was replaced; looking again", bp.Name), nil
+	}
+	return "", nil
 }
 
 // lookup asks the provider by key (a poll, for a pending record).

@@ -83,6 +83,8 @@ func (r *BillingSettlementReconciler) apply(ctx context.Context, s *settlementSc
 	switch {
 	case d.action == actRelease || d.action == actContinue && d.reason == "":
 		return
+	case deleting && HoldsMoney(st):
+		r.holdDeletion(s, d.message)
 	case d.state == hooksv1alpha1.SettlementSettled && from != hooksv1alpha1.SettlementSettled:
 		now := metav1.NewTime(s.now)
 		st.SettledAt = &now
@@ -116,16 +118,12 @@ func (r *BillingSettlementReconciler) apply(ctx context.Context, s *settlementSc
 		}
 		r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, d.reason, "Fail", "%s", truncateMessage(msg))
 	case d.state == hooksv1alpha1.SettlementRequiresReconciliation && d.message != "":
+		// The record is not provably ours: nothing of it (not even its ID) is copied.
 		msg := d.message
-		if obs.kind == obsRecord && obs.record.ID != "" {
-			msg += " (provider record " + obs.record.ID + ")"
-		}
 		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.reason, truncateMessage(msg+"; see docs/runbook.md"))
 		if from != hooksv1alpha1.SettlementRequiresReconciliation || prevReason != d.reason {
 			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, d.reason, "Reconcile", "%s", truncateMessage(msg))
 		}
-	case deleting && (d.action == actWait || d.action == actLookup || d.action == actHold):
-		r.holdDeletion(s, d.message)
 	case d.action == actWait && d.message != "":
 		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.reason,
 			truncateMessage(fmt.Sprintf("%s; next at %s", d.message, st.NextAttemptAt.UTC().Format(time.RFC3339))))
@@ -154,13 +152,14 @@ func (r *BillingSettlementReconciler) holdDeletion(s *settlementScope, why strin
 }
 
 type retryPolicy struct {
-	maxAttempts                         int32
-	maxElapsed, initial, max, keyWindow time.Duration
+	maxAttempts                                         int32
+	maxElapsed, initial, max, keyWindow, requestTimeout time.Duration
 }
 
 func policyOf(bp *hooksv1alpha1.BillingProvider) retryPolicy {
 	p := retryPolicy{maxAttempts: defaultMaxAttempts, maxElapsed: defaultMaxElapsed, initial: defaultInitialBackoff,
-		max: defaultMaxBackoff, keyWindow: durationOr(bp.Spec.IdempotencyWindow, defaultIdempotencyWindow)}
+		max: defaultMaxBackoff, keyWindow: durationOr(bp.Spec.IdempotencyWindow, defaultIdempotencyWindow),
+		requestTimeout: durationOr(bp.Spec.RequestTimeout, defaultRequestTimeout)}
 	if rp := bp.Spec.Retry; rp != nil {
 		if rp.MaxAttempts > 0 {
 			p.maxAttempts = rp.MaxAttempts

@@ -296,6 +296,50 @@ var _ = Describe("money safety (issue 10)", func() {
 		}).Should(BeTrue())
 	})
 
+	It("never lets a record go while the provider may still be processing its last attempt (review: 404 right after a timeout)", func() {
+		ns := newTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.RequestTimeout = fixtures.Duration(500 * time.Millisecond)
+		})
+		billing.CommitLaterNext(1, 4*time.Second)
+		bs := handMade(ns, "late/1", "cus_1", 100, "USD")
+		Expect(k8s.Create(ctx, bs)).To(Succeed())
+		Eventually(func() int32 { return get(bs).Status.Attempts }).Should(BeNumerically(">=", 1))
+		Expect(k8s.Delete(ctx, bs)).To(Succeed())
+		// Lookups answer 404 until the provider commits, 4 s after the POST.
+		Consistently(func() error { return k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{}) }).
+			WithTimeout(3 * time.Second).Should(Succeed())
+		Eventually(func() int { return billing.Charges("late/1") }).WithTimeout(10 * time.Second).Should(Equal(1))
+		// The charge committed: it is found and settled before the record may go.
+		Eventually(func() bool {
+			got := &hooksv1alpha1.BillingSettlement{}
+			err := k8s.Get(ctx, client.ObjectKeyFromObject(bs), got)
+			return apierrors.IsNotFound(err)
+		}).WithTimeout(time.Minute).Should(BeTrue())
+		Expect(billing.Charges("late/1")).To(Equal(1))
+	})
+
+	It("guards a replayed refund like a new one (review: replay bypassed the guard)", func() {
+		ns := newTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Retry.MaxAttempts = 2
+		})
+		orig := handMade(ns, "replay/charge", "cus_1", 100, "USD")
+		settleByHand(orig)
+		billing.RateLimitNext(2, 0)
+		first := compensation(ns, "replay/refund-1", hooksv1alpha1.SettlementRefund, orig, "cus_1", 100, "USD")
+		Expect(k8s.Create(ctx, first)).To(Succeed())
+		Eventually(func() bool { return deadLettered(first) }).Should(BeTrue())
+		second := compensation(ns, "replay/refund-2", hooksv1alpha1.SettlementRefund, orig, "cus_1", 100, "USD")
+		Expect(k8s.Create(ctx, second)).To(Succeed())
+		Eventually(stateOf(second)).Should(Equal(hooksv1alpha1.SettlementSettled))
+
+		got := get(first)
+		patch := client.MergeFrom(got.DeepCopy())
+		got.Annotations = map[string]string{hooksv1alpha1.AnnotationReplay: "r1"}
+		Expect(k8s.Patch(ctx, got, patch)).To(Succeed())
+		Eventually(readyReason(first)).Should(Equal(hooksv1alpha1.ReasonCompensationNotAllowed))
+		Consistently(func() int { return billing.Charges("replay/refund-1") }).WithTimeout(2 * time.Second).Should(BeZero())
+	})
+
 	Describe("compensation guards (defect 4)", func() {
 		held := func(bs *hooksv1alpha1.BillingSettlement) {
 			GinkgoHelper()

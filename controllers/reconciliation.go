@@ -412,7 +412,24 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 					ProviderRef: rec.ID, Action: hooksv1alpha1.RepairManualReview, Message: why})
 				continue
 			}
+			if bs.Status.ProviderRef != "" && rec.ID != bs.Status.ProviderRef && EffectiveExposure(&bs.Status) == hooksv1alpha1.ExposureConfirmed {
+				// A second record under one key: a double charge, or the provider
+				// re-created it. Never confirmed; a human looks.
+				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyAmountMismatch, Object: "BillingSettlement/" + bs.Name,
+					ProviderRef: rec.ID, Action: hooksv1alpha1.RepairManualReview,
+					Message: fmt.Sprintf("the provider has record %s under key %s, but the settlement recorded %s: more than one record under one key",
+						rec.ID, bs.Spec.IdempotencyKey, bs.Status.ProviderRef)})
+				continue
+			}
 			switch {
+			case rec.Status == billing.StatusPending && bs.Status.State == hooksv1alpha1.SettlementFailed:
+				// Pending there, failed here (nothing charged, we thought): ask by key,
+				// which resumes polling it.
+				carried := r.requestReconcile(ctx, bs, reportName)
+				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyProviderSettledLocalPending,
+					Object: "BillingSettlement/" + bs.Name, ProviderRef: rec.ID, Action: hooksv1alpha1.RepairAuthoritativeQuery,
+					CarriedOut: carried,
+					Message:    fmt.Sprintf("the provider has %s pending; locally Failed: asking the provider by key", rec.ID)})
 			case rec.Status == billing.StatusSettled && bs.Status.State != hooksv1alpha1.SettlementSettled:
 				carried := r.requestReconcile(ctx, bs, reportName)
 				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyProviderSettledLocalPending,
@@ -534,6 +551,9 @@ func (r *BillingProviderReconciler) touch(ctx context.Context, ev *hooksv1alpha1
 func (r *BillingProviderReconciler) markReconciled(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, rec billing.Record, now time.Time) {
 	if c := findCondition(bs, hooksv1alpha1.ConditionReconciled); c != nil && c.Status == metav1.ConditionTrue {
 		return
+	}
+	if bs.Status.ProviderRef != "" && rec.ID != bs.Status.ProviderRef {
+		return // another record than the one the settlement adopted confirms nothing
 	}
 	base := bs.DeepCopy()
 	t := metav1.NewTime(now)

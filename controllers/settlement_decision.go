@@ -19,6 +19,22 @@ import (
 // so a provider answering "Retry-After: 86400" cannot park a charge for a day.
 const maxRetryAfterFactor = 2
 
+// settleFactor and minSettle bound how long a provider may still be processing a
+// request our side gave up on: a "not found" less than max(settleFactor × request
+// timeout, minSettle) after an attempt that may have been received proves nothing
+// about that attempt yet. Within it, resending with the same key is safe (the
+// provider deduplicates); dead-lettering, releasing the record or forgetting the
+// exposure is not.
+const (
+	settleFactor = 5
+	minSettle    = 30 * time.Second
+)
+
+// settleAfter is that bound for a policy.
+func settleAfter(p retryPolicy) time.Duration {
+	return max(settleFactor*p.requestTimeout, minSettle)
+}
+
 // jitterFraction is how much of a backoff is randomised, downward only: a wait is never
 // longer than its exponential value, so waits at maxBackoff spread out too.
 const jitterFraction = 0.2
@@ -91,6 +107,9 @@ type observation struct {
 	// priorExposure is the exposure before the submission raised it to Possible: an
 	// answer that proves the submission did not reach the provider restores it.
 	priorExposure hooksv1alpha1.Exposure
+	// priorLastSubmission is status.lastSubmission before the bracket of this
+	// submission set it to MaybeReceived.
+	priorLastSubmission hooksv1alpha1.SubmissionOutcome
 	// message is a short description of a failure, for the condition.
 	message string
 }
@@ -106,8 +125,10 @@ type decisionInput struct {
 	// forceLookup: a reconcile request asks the provider by key now, whatever the
 	// state or backoff.
 	forceLookup bool
-	obs         observation
-	now         time.Time
+	// lookedUp: a lookup was already answered in this reconcile.
+	lookedUp bool
+	obs      observation
+	now      time.Time
 	// random is a number in [0, 1) for jitter; tests fix it.
 	random float64
 }
@@ -233,6 +254,13 @@ func nextStep(in decisionInput, d decision) decision {
 	// Dead-lettering says "nothing was charged": only after a submission the provider
 	// provably did not receive. After one it may still be processing, a lookup's "not
 	// found" is no such proof, so one more submission (same key) asks it.
+	if st.Attempts > 0 && st.LastAttemptAt != nil && in.now.Sub(st.LastAttemptAt.Time) >= in.policy.keyWindow && !in.lookedUp {
+		// Past the provider's key window it no longer deduplicates: ask once more
+		// before resending, whatever the exposure says.
+		d.action, d.reason = actLookup, hooksv1alpha1.ReasonAwaitingLookup
+		d.message = "the provider's idempotency window has passed since the last attempt: asking by key before resending"
+		return d
+	}
 	if spent, why := budgetSpent(st, in.policy, in.now); spent && st.LastSubmission != hooksv1alpha1.SubmissionMaybeReceived {
 		d.action, d.state, d.deadLetter = actDone, hooksv1alpha1.SettlementFailed, true
 		d.reason, d.message = hooksv1alpha1.ReasonRetriesExhausted, "retries exhausted: "+why+lastErrorSuffix(st)
@@ -258,8 +286,34 @@ func afterCall(in decisionInput, d decision) decision {
 				Field: "record"}
 			return d
 		}
+		d.failures, d.clearDisagreement = 0, true
+		if st.LastSubmission == hooksv1alpha1.SubmissionMaybeReceived && st.LastAttemptAt != nil {
+			if until := st.LastAttemptAt.Add(settleAfter(in.policy)); in.now.Before(until) {
+				// Nothing is there yet, but the provider may still be processing the
+				// last attempt: exposure stays Possible. Resending with the same key is
+				// safe inside the key window and gets an answer about it (409 while it
+				// is processed); nothing is dead-lettered or released until a "not
+				// found" comes after the settle time.
+				inWindow := st.FirstSubmittedAt == nil || in.now.Sub(st.FirstSubmittedAt.Time) < in.policy.keyWindow
+				spent, _ := budgetSpent(st, in.policy, in.now)
+				final := d.state == hooksv1alpha1.SettlementSettled || d.state == hooksv1alpha1.SettlementFailed ||
+					d.state == hooksv1alpha1.SettlementRequiresReconciliation
+				switch {
+				case final:
+					d.action = actDone
+				case !in.deleting && inWindow && !spent:
+					d.action, d.reason = actSubmit, hooksv1alpha1.ReasonSubmittedToProvider
+				default:
+					d.action, d.wait, d.reason = actWait, until.Sub(in.now), hooksv1alpha1.ReasonOutcomeUnknown
+					d.message = "the provider has nothing under the key yet, but may still be processing the last attempt: " +
+						"asking again after the settle time"
+				}
+				return d
+			}
+			d.lastSubmission = hooksv1alpha1.SubmissionNotReceived // not found well after the last attempt
+		}
 		// Authoritative: nothing under this key, so nothing moved.
-		d.action, d.exposure, d.failures, d.clearDisagreement = actContinue, hooksv1alpha1.ExposureNone, 0, true
+		d.action, d.exposure = actContinue, hooksv1alpha1.ExposureNone
 		return d
 	case obsKeyReused:
 		d.lastSubmission = hooksv1alpha1.SubmissionRefused
@@ -273,10 +327,14 @@ func afterCall(in decisionInput, d decision) decision {
 
 	// A failed call: transient, ambiguous or terminal.
 	if obs.submit {
-		switch obs.kind {
-		case obsTransient:
+		// The answer proves something about this attempt only: after an earlier one
+		// that may still be processed, a 429 or a 4xx leaves that one unresolved.
+		switch {
+		case obs.priorLastSubmission == hooksv1alpha1.SubmissionMaybeReceived:
+			d.lastSubmission = hooksv1alpha1.SubmissionMaybeReceived
+		case obs.kind == obsTransient:
 			d.lastSubmission = hooksv1alpha1.SubmissionNotReceived
-		case obsTerminal:
+		case obs.kind == obsTerminal:
 			d.lastSubmission = hooksv1alpha1.SubmissionRefused
 		default:
 			d.lastSubmission = hooksv1alpha1.SubmissionMaybeReceived
@@ -296,7 +354,7 @@ func afterCall(in decisionInput, d decision) decision {
 		case obsAmbiguous, obsInFlight:
 			d.exposure = hooksv1alpha1.ExposurePossible
 		}
-		if d.exposure == hooksv1alpha1.ExposureNone {
+		if d.exposure == hooksv1alpha1.ExposureNone && d.lastSubmission != hooksv1alpha1.SubmissionMaybeReceived {
 			if obs.kind == obsTerminal {
 				d.action, d.state, d.deadLetter, d.failures = actDone, hooksv1alpha1.SettlementFailed, true, d.failures+1
 				d.reason, d.message = hooksv1alpha1.ReasonTerminalError, "the provider refused it: "+obs.message

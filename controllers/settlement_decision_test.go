@@ -74,15 +74,20 @@ func TestDecisionInvariants(t *testing.T) {
 								if spent {
 									st.Attempts = policy.maxAttempts
 								}
-								if kind == obsNone && exp == none && state == submitted {
-									st.LastSubmission = hooksv1alpha1.SubmissionMaybeReceived
+								for _, last := range []hooksv1alpha1.SubmissionOutcome{"", hooksv1alpha1.SubmissionMaybeReceived, hooksv1alpha1.SubmissionNotReceived} {
+									st := st.DeepCopy()
+									st.LastSubmission = last
+									if st.FirstSubmittedAt != nil {
+										st.LastAttemptAt = &metav1.Time{Time: t0.Add(-5 * time.Second)}
+									}
+									in := decisionInput{status: st, policy: policy, deleting: deleting, now: t0, random: 0.5,
+										obs: observation{kind: kind, submit: submit, status: rs, priorExposure: exp,
+											priorLastSubmission: last, message: "x"}}
+									d := decide(in)
+									n++
+									name := fmt.Sprintf("%s/%s/%s/submit=%v/deleting=%v/spent=%v/%s/last=%s", state, exp, kind, submit, deleting, spent, rs, last)
+									checkInvariants(t, name, in, d)
 								}
-								in := decisionInput{status: st, policy: policy, deleting: deleting, now: t0, random: 0.5,
-									obs: observation{kind: kind, submit: submit, status: rs, priorExposure: exp, message: "x"}}
-								d := decide(in)
-								n++
-								name := fmt.Sprintf("%s/%s/%s/submit=%v/deleting=%v/spent=%v/%s", state, exp, kind, submit, deleting, spent, rs)
-								checkInvariants(t, name, in, d)
 							}
 						}
 					}
@@ -108,8 +113,24 @@ func checkInvariants(t *testing.T, name string, in decisionInput, d decision) {
 	if d.deadLetter && d.state != failed {
 		t.Errorf("%s: dead-lettered but state %s", name, d.state)
 	}
-	if d.action == actSubmit && exp != none {
-		t.Errorf("%s: submits with exposure %s (must look up first)", name, exp)
+	if d.action == actSubmit && exp != none && in.obs.kind != obsNotFound {
+		t.Errorf("%s: submits with exposure %s without a lookup that answered", name, exp)
+	}
+	if d.action == actSubmit && exp != none && in.status.FirstSubmittedAt != nil && in.now.Sub(in.status.FirstSubmittedAt.Time) >= policy.keyWindow {
+		t.Errorf("%s: resends at exposure %s outside the key window", name, exp)
+	}
+	if in.status.LastSubmission == hooksv1alpha1.SubmissionMaybeReceived && in.status.LastAttemptAt != nil &&
+		in.now.Sub(in.status.LastAttemptAt.Time) < settleAfter(policy) && exp != none && in.obs.kind != obsRecord {
+		// (A record of ours is the provider's word about the key itself.)
+		if d.exposure == none {
+			t.Errorf("%s: exposure lowered to None within the settle time of an attempt that may still be processed", name)
+		}
+		if d.action == actRelease && in.status.State != settled {
+			t.Errorf("%s: released within the settle time", name)
+		}
+	}
+	if in.obs.submit && in.obs.priorLastSubmission == hooksv1alpha1.SubmissionMaybeReceived && d.deadLetter {
+		t.Errorf("%s: dead-lettered while an earlier attempt may still be processed", name)
 	}
 	if d.action == actSubmit && in.deleting {
 		t.Errorf("%s: submits while deleting", name)
@@ -191,6 +212,30 @@ func TestDecisionTable(t *testing.T) {
 		{name: "budget spent with None after a lookup's not found, but the last POST may still commit: ask by resending (defect 1)",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 5, LastSubmission: hooksv1alpha1.SubmissionMaybeReceived},
 			action: actSubmit, state: submitted, exp: none},
+		{name: "404 right after a timeout: exposure stays Possible, resend with the same key (review 1/2)",
+			st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-3 * time.Second),
+				LastAttemptAt: at(-3 * time.Second), LastSubmission: hooksv1alpha1.SubmissionMaybeReceived},
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsNotFound} },
+			action: actSubmit, state: submitted, exp: possible},
+		{name: "404 right after a timeout while deleting: wait for the settle time, never release",
+			st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-3 * time.Second),
+				LastAttemptAt: at(-3 * time.Second), LastSubmission: hooksv1alpha1.SubmissionMaybeReceived},
+			in:     func(in *decisionInput) { in.deleting, in.obs = true, observation{kind: obsNotFound} },
+			action: actWait, state: submitted, exp: possible, wait: 27 * time.Second},
+		{name: "404 after the settle time: None, and the earlier attempt is resolved",
+			st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-time.Minute),
+				LastAttemptAt: at(-time.Minute), LastSubmission: hooksv1alpha1.SubmissionMaybeReceived},
+			in:     func(in *decisionInput) { in.obs = observation{kind: obsNotFound} },
+			action: actContinue, state: submitted, exp: none},
+		{name: "429 to the resend after a timeout: the earlier attempt stays unresolved, no dead letter (review 2)",
+			st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 5, LastSubmission: hooksv1alpha1.SubmissionMaybeReceived},
+			in: func(in *decisionInput) {
+				in.obs = observation{kind: obsTransient, submit: true, priorExposure: possible, priorLastSubmission: hooksv1alpha1.SubmissionMaybeReceived}
+			},
+			action: actWait, state: submitted, exp: possible, wait: 900 * time.Millisecond},
+		{name: "None, last attempt older than the key window: look up before resending",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 1, LastAttemptAt: at(-25 * time.Hour)},
+			action: actLookup, state: submitted, exp: none},
 		{name: "budget spent with None: dead-letter", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 5},
 			action: actDone, state: failed, exp: none, dl: true},
 		{name: "budget spent with Possible: keep asking (defect 1)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 5,

@@ -47,7 +47,7 @@ func TestSettlementHoldsProvider(t *testing.T) {
 		{name: "Confirmed but Failed (an older operator dead-lettered a pending charge)", exposure: confirmed, state: failed, firstSubmitted: sent, want: true},
 		{name: "Confirmed, requires reconciliation (the record vanished)", exposure: confirmed, state: review, firstSubmitted: sent, want: true},
 
-		{name: "None after an authoritative not-found, still being submitted", exposure: none, state: submitted, firstSubmitted: sent, want: true},
+		{name: "None after an authoritative not-found, still being submitted: nothing there", exposure: none, state: submitted, firstSubmitted: sent, want: false},
 		{name: "None and dead-lettered", exposure: none, state: failed, firstSubmitted: sent, want: false},
 
 		{name: "legacy: submitted with firstSubmittedAt", state: submitted, firstSubmitted: sent, want: true},

@@ -245,7 +245,7 @@ func decodeRecord(raw []byte) (Record, error) {
 	switch w.Status {
 	case StatusPending, StatusSettled, StatusFailed:
 	default:
-		return Record{}, fmt.Errorf("record has unknown status %q", w.Status)
+		return Record{}, errors.New("record has a status that is not pending, settled or failed")
 	}
 	rec := Record{
 		ID:             w.ID,
