@@ -1,7 +1,6 @@
 package controllers_test
 
 import (
-	"net/http"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -13,7 +12,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
-	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/test/fixtures"
 )
 
@@ -57,33 +55,11 @@ func warningEvents(ns, reason string) (objects, occurrences int) {
 
 var _ = Describe("deleting a BillingProvider (issue 10)", func() {
 	It("waits while a settlement's outcome there is unknown, says why, and goes once it settles", func() {
-		ns := newTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
-			// The outage must not dead-letter the settlement while the test looks.
-			bp.Spec.Retry.MaxAttempts = 1000
-			bp.Spec.Retry.InitialBackoff = fixtures.Duration(2 * time.Second)
-			bp.Spec.Retry.MaxBackoff = fixtures.Duration(4 * time.Second)
+		ns := newTenant(slowRetries, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Retry.MaxAttempts = 1000 // the outage must not dead-letter it while the test looks
 		})
-		// A 503 to the POST: the charge may be at the provider (exposure Possible), and
-		// the provider is down before it can be asked. (A connection refused would prove
-		// nothing moved: such a settlement does not hold its provider.)
-		billing.FailNext(1, http.StatusServiceUnavailable)
-		sendOK(ns, "msg_bp_delete", jobEvent("job-bp-delete", 1, 11))
-		Eventually(func() hooksv1alpha1.Exposure {
-			bs := &hooksv1alpha1.BillingSettlement{}
-			_ = k8s.Get(ctx, client.ObjectKey{Namespace: ns,
-				Name: identity.SettlementName("inference", identity.DefaultSettlementKey("inference", "job-bp-delete"))}, bs)
-			if bs.Status.Attempts == 0 {
-				return ""
-			}
-			return bs.Status.Exposure
-		}).Should(Equal(hooksv1alpha1.ExposurePossible))
-		Expect(billing.SetDown(true)).To(Succeed())
-		downed := true
-		defer func() {
-			if downed {
-				_ = billing.SetDown(false)
-			}
-		}()
+		up := ambiguousThenDown(ns, "msg_bp_delete", "job-bp-delete", 11)
+		defer func() { _ = up() }()
 		Expect(settlementState(ns, "job-bp-delete")()).To(Equal(hooksv1alpha1.SettlementSubmitted))
 		bs := settlementOf(ns, "job-bp-delete")
 		Expect(bs.Status.FirstSubmittedAt).NotTo(BeNil())
@@ -111,8 +87,7 @@ var _ = Describe("deleting a BillingProvider (issue 10)", func() {
 		// The settlement keeps asking the deleting provider by key meanwhile.
 		Expect(settlementState(ns, "job-bp-delete")()).To(Equal(hooksv1alpha1.SettlementSubmitted))
 
-		Expect(billing.SetDown(false)).To(Succeed())
-		downed = false
+		Expect(up()).To(Succeed())
 		Eventually(settlementState(ns, "job-bp-delete")).WithTimeout(time.Minute).Should(Equal(hooksv1alpha1.SettlementSettled))
 		Expect(billing.Charges(key(ns, "job-bp-delete"))).To(Equal(1))
 		Eventually(billingProviderGone(ns)).WithTimeout(10*time.Second).Should(BeTrue(),
@@ -148,31 +123,11 @@ var _ = Describe("deleting a BillingProvider (issue 10)", func() {
 // cannot reach its provider any more, and only a human can end the wait.
 var _ = Describe("deleting a namespace (issue 10, known limit)", func() {
 	It("keeps the namespace Terminating while settlements are unresolved, and their Secret cannot come back", func() {
-		ns := newTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
-			bp.Spec.Retry.MaxAttempts = 1000
-			bp.Spec.Retry.InitialBackoff = fixtures.Duration(2 * time.Second)
-			bp.Spec.Retry.MaxBackoff = fixtures.Duration(4 * time.Second)
+		ns := newTenant(slowRetries, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Retry.MaxAttempts = 1000 // the outage must not dead-letter it while the test looks
 		})
-		// A 503 to the POST: the charge may be at the provider (exposure Possible), and
-		// the provider is down before it can be asked.
-		billing.FailNext(1, http.StatusServiceUnavailable)
-		sendOK(ns, "msg_ns_delete", jobEvent("job-ns-delete", 1, 13))
-		Eventually(func() hooksv1alpha1.Exposure {
-			bs := &hooksv1alpha1.BillingSettlement{}
-			_ = k8s.Get(ctx, client.ObjectKey{Namespace: ns,
-				Name: identity.SettlementName("inference", identity.DefaultSettlementKey("inference", "job-ns-delete"))}, bs)
-			if bs.Status.Attempts == 0 {
-				return ""
-			}
-			return bs.Status.Exposure
-		}).Should(Equal(hooksv1alpha1.ExposurePossible))
-		Expect(billing.SetDown(true)).To(Succeed())
-		downed := true
-		defer func() {
-			if downed {
-				_ = billing.SetDown(false)
-			}
-		}()
+		up := ambiguousThenDown(ns, "msg_ns_delete", "job-ns-delete", 13)
+		defer func() { _ = up() }()
 		Expect(settlementState(ns, "job-ns-delete")()).To(Equal(hooksv1alpha1.SettlementSubmitted))
 		Eventually(func() []string {
 			bp := &hooksv1alpha1.BillingProvider{}
@@ -195,8 +150,7 @@ var _ = Describe("deleting a namespace (issue 10, known limit)", func() {
 		Expect(k8s.List(ctx, &secrets, client.InNamespace(ns))).To(Succeed())
 		Expect(secrets.Items).To(BeEmpty(), "Secrets have no finalizer: they go first")
 
-		Expect(billing.SetDown(false)).To(Succeed())
-		downed = false
+		Expect(up()).To(Succeed())
 		bs := settlementOf(ns, "job-ns-delete")
 		Expect(bs.DeletionTimestamp).NotTo(BeNil())
 		Consistently(func(g Gomega) {

@@ -377,31 +377,44 @@ var _ = Describe("the failure matrix (docs/design.md §9)", func() {
 	})
 })
 
+// slowRetries gives a tenant backoffs long enough for a test to act between attempts.
+func slowRetries(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+	bp.Spec.Retry.InitialBackoff = fixtures.Duration(2 * time.Second)
+	bp.Spec.Retry.MaxBackoff = fixtures.Duration(4 * time.Second)
+}
+
+// ambiguousThenDown delivers a completion of jobID whose charge POST gets a 503 (the
+// provider may have committed it: exposure Possible), then takes the provider down
+// before it can be asked. up brings it back; calling it again does nothing.
+func ambiguousThenDown(ns, msgID, jobID string, tokens int) (up func() error) {
+	GinkgoHelper()
+	billing.FailNext(1, http.StatusServiceUnavailable)
+	sendOK(ns, msgID, jobEvent(jobID, 1, tokens))
+	Eventually(func() hooksv1alpha1.Exposure {
+		bs := &hooksv1alpha1.BillingSettlement{}
+		_ = k8s.Get(ctx, client.ObjectKey{Namespace: ns,
+			Name: identity.SettlementName("inference", identity.DefaultSettlementKey("inference", jobID))}, bs)
+		if bs.Status.Attempts == 0 {
+			return ""
+		}
+		return bs.Status.Exposure
+	}).Should(Equal(hooksv1alpha1.ExposurePossible))
+	Expect(billing.SetDown(true)).To(Succeed())
+	downed := true
+	return func() error {
+		if !downed {
+			return nil
+		}
+		downed = false
+		return billing.SetDown(false)
+	}
+}
+
 var _ = Describe("settlement lifecycle", func() {
 	It("holds the deletion of a Submitted settlement until the provider's answer is known", func() {
-		ns := newTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
-			bp.Spec.Retry.InitialBackoff = fixtures.Duration(2 * time.Second)
-			bp.Spec.Retry.MaxBackoff = fixtures.Duration(4 * time.Second)
-		})
-		// A 503 to the POST: the provider may have committed it (exposure Possible)...
-		billing.FailNext(1, http.StatusServiceUnavailable)
-		sendOK(ns, "msg_del", jobEvent("job-del", 1, 1))
-		Eventually(func() hooksv1alpha1.Exposure {
-			bs := &hooksv1alpha1.BillingSettlement{}
-			_ = k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.SettlementName("inference", identity.DefaultSettlementKey("inference", "job-del"))}, bs)
-			if bs.Status.Attempts == 0 {
-				return ""
-			}
-			return bs.Status.Exposure
-		}).Should(Equal(hooksv1alpha1.ExposurePossible))
-		// ...and it is down before it could be asked.
-		Expect(billing.SetDown(true)).To(Succeed())
-		downed := true
-		defer func() {
-			if downed {
-				_ = billing.SetDown(false)
-			}
-		}()
+		ns := newTenant(slowRetries)
+		up := ambiguousThenDown(ns, "msg_del", "job-del", 1)
+		defer func() { _ = up() }()
 		bs := settlementOf(ns, "job-del")
 		Expect(k8s.Delete(ctx, bs)).To(Succeed())
 		Eventually(func() string {
@@ -415,8 +428,7 @@ var _ = Describe("settlement lifecycle", func() {
 			return k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{})
 		}).WithTimeout(2 * time.Second).Should(Succeed())
 
-		Expect(billing.SetDown(false)).To(Succeed())
-		downed = false
+		Expect(up()).To(Succeed())
 		// The provider says it never got the charge: the hold ends, nothing was charged.
 		Eventually(func() bool {
 			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{}))
