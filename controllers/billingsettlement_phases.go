@@ -403,6 +403,9 @@ func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementSc
 			}
 			if held != "" {
 				r.cond(s.bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, ReasonBillingProviderNotFound, held)
+				if held == fmt.Sprintf(providerUnprotected, s.bs.Spec.BillingProviderRef) {
+					return ctrl.Result{RequeueAfter: time.Second}, nil
+				}
 				return ctrl.Result{RequeueAfter: waitForReference}, nil
 			}
 		case actLookup:
@@ -491,6 +494,9 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 	return recordObservation(req, rec, true), "", nil
 }
 
+// providerUnprotected says a BillingProvider does not carry its in-use finalizer yet.
+const providerUnprotected = "BillingProvider %q is not protected from deletion yet; sending in a moment"
+
 // providerGoing reads the BillingProvider live and says why nothing may be sent
 // through it ("" when it may).
 func (r *BillingSettlementReconciler) providerGoing(ctx context.Context, s *settlementScope, prior hooksv1alpha1.Exposure) (string, error) {
@@ -507,6 +513,10 @@ func (r *BillingSettlementReconciler) providerGoing(ctx context.Context, s *sett
 		return fmt.Sprintf("BillingProvider %q is being deleted; nothing new is sent through it", bp.Name), nil
 	case bp.UID != s.provider.UID:
 		return fmt.Sprintf("BillingProvider %q was replaced; looking again", bp.Name), nil
+	case !controllerutil.ContainsFinalizer(&bp, hooksv1alpha1.FinalizerBillingProviderInUse):
+		// Its deletion would not wait for this settlement yet: the BillingProvider
+		// controller puts the finalizer on at its first reconcile, moments from now.
+		return fmt.Sprintf(providerUnprotected, bp.Name), nil
 	}
 	return "", nil
 }
