@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"slices"
 	"strings"
 	"time"
 )
@@ -264,56 +265,38 @@ func (m Mismatch) String() string {
 // so it must never be adopted. Amounts a provider computed for a usage-priced request
 // (no amount sent) are not compared: they are the provider's to decide.
 func Match(r Request, rec Record) (Mismatch, bool) {
-	omitted := map[string]bool{}
-	for _, f := range rec.Omitted {
-		omitted[f] = true
+	type fieldCheck struct {
+		field          string
+		present, equal bool
 	}
-	check := func(field string, present bool, equal bool) (Mismatch, bool) {
-		if !present || omitted[field] {
-			return Mismatch{Field: field, Missing: true}, false
-		}
-		if !equal {
-			return Mismatch{Field: field}, false
-		}
-		return Mismatch{}, true
-	}
-	checks := []func() (Mismatch, bool){
-		func() (Mismatch, bool) {
-			return check("idempotency_key", rec.IdempotencyKey != "", rec.IdempotencyKey == r.IdempotencyKey)
-		},
-		func() (Mismatch, bool) {
-			return check("settlement_key", rec.SettlementKey != "", rec.SettlementKey == r.SettlementKey)
-		},
-		func() (Mismatch, bool) { return check("type", rec.Type != "", rec.Type == r.Type) },
-		func() (Mismatch, bool) { return check("customer", rec.Customer != "", rec.Customer == r.Customer) },
-		func() (Mismatch, bool) { return check("reverses", true, rec.Reverses == r.Reverses) },
+	checks := []fieldCheck{
+		{"idempotency_key", rec.IdempotencyKey != "", rec.IdempotencyKey == r.IdempotencyKey},
+		{"settlement_key", rec.SettlementKey != "", rec.SettlementKey == r.SettlementKey},
+		{"type", rec.Type != "", rec.Type == r.Type},
+		{"customer", rec.Customer != "", rec.Customer == r.Customer},
+		{"reverses", true, rec.Reverses == r.Reverses},
 	}
 	if r.Amount != nil {
-		checks = append(checks,
-			func() (Mismatch, bool) {
-				return check("amount", rec.Amount != nil, true)
-			},
-			func() (Mismatch, bool) {
-				return check("amount.minor", true, rec.Amount.Minor == r.Amount.Minor)
-			},
-			func() (Mismatch, bool) {
-				return check("amount.currency", rec.Amount.Currency != "", rec.Amount.Currency == r.Amount.Currency)
-			})
+		checks = append(checks, fieldCheck{"amount", rec.Amount != nil, true})
+		if a := rec.Amount; a != nil {
+			checks = append(checks, fieldCheck{"amount.minor", true, a.Minor == r.Amount.Minor},
+				fieldCheck{"amount.currency", a.Currency != "", a.Currency == r.Amount.Currency})
+		}
 	}
 	if r.Usage != nil {
-		checks = append(checks,
-			func() (Mismatch, bool) { return check("usage", rec.Usage != nil, true) },
-			func() (Mismatch, bool) {
-				return check("usage.meter", rec.Usage.Meter != "", rec.Usage.Meter == r.Usage.Meter)
-			},
-			func() (Mismatch, bool) {
-				return check("usage.quantity", rec.Usage.Quantity != "", SameQuantity(rec.Usage.Quantity, r.Usage.Quantity))
-			},
-			func() (Mismatch, bool) { return check("usage.unit", true, rec.Usage.Unit == r.Usage.Unit) })
+		checks = append(checks, fieldCheck{"usage", rec.Usage != nil, true})
+		if u := rec.Usage; u != nil {
+			checks = append(checks, fieldCheck{"usage.meter", u.Meter != "", u.Meter == r.Usage.Meter},
+				fieldCheck{"usage.quantity", u.Quantity != "", SameQuantity(u.Quantity, r.Usage.Quantity)},
+				fieldCheck{"usage.unit", true, u.Unit == r.Usage.Unit})
+		}
 	}
 	for _, c := range checks {
-		if m, ok := c(); !ok {
-			return m, false
+		if !c.present || slices.Contains(rec.Omitted, c.field) {
+			return Mismatch{Field: c.field, Missing: true}, false
+		}
+		if !c.equal {
+			return Mismatch{Field: c.field}, false
 		}
 	}
 	return Mismatch{}, true

@@ -42,11 +42,14 @@ type fault struct {
 	delay  time.Duration
 }
 
-func (s *Server) enqueue(n int, f fault) {
+func (s *Server) enqueue(n int, f fault) { s.enqueueOn(&s.faults, n, f) }
+
+// enqueueOn appends n copies of f to one of the fault queues.
+func (s *Server) enqueueOn(queue *[]fault, n int, f fault) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for range n {
-		s.faults = append(s.faults, f)
+		*queue = append(*queue, f)
 	}
 }
 

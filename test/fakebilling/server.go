@@ -333,11 +333,7 @@ func (s *Server) FailNextLookups(n int, status int) {
 	if status == 0 {
 		status = http.StatusServiceUnavailable
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for range n {
-		s.lookupFaults = append(s.lookupFaults, fault{kind: faultFail, status: status})
-	}
+	s.enqueueOn(&s.lookupFaults, n, fault{kind: faultFail, status: status})
 }
 
 // ClearLookupFaults drops the lookup faults not consumed yet.
