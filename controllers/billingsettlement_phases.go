@@ -220,16 +220,25 @@ func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *se
 		return ctrl.Result{RequeueAfter: waitForReference}, nil
 	}
 	s.client = c
-	if bs.Spec.Type == hooksv1alpha1.SettlementRefund || bs.Spec.Type == hooksv1alpha1.SettlementVoid {
-		// The original's key travels in every request and every comparison.
-		var orig hooksv1alpha1.BillingSettlement
-		if err := r.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: bs.Spec.Reverses}, &orig); err == nil {
-			s.reverses = orig.Spec.SettlementKey
-		} else if !apierrors.IsNotFound(err) {
-			return ctrl.Result{}, fmt.Errorf("get reversed settlement %s: %w", bs.Spec.Reverses, err)
-		}
+	// The original's key travels in every request and every comparison.
+	if s.reverses, err = reversedKey(ctx, r.Client, bs); err != nil {
+		return ctrl.Result{}, err
 	}
 	return ctrl.Result{}, nil
+}
+
+// reversedKey is the settlement key of the settlement a Refund or Void reverses ("" for
+// a charge, or when the original is gone).
+func reversedKey(ctx context.Context, reader client.Reader, bs *hooksv1alpha1.BillingSettlement) (string, error) {
+	if bs.Spec.Reverses == "" {
+		return "", nil
+	}
+	var orig hooksv1alpha1.BillingSettlement
+	err := reader.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: bs.Spec.Reverses}, &orig)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return "", fmt.Errorf("get reversed settlement %s: %w", bs.Spec.Reverses, err)
+	}
+	return orig.Spec.SettlementKey, nil
 }
 
 // resolveProviderIfHeld resolves the provider for a settlement being deleted only if
@@ -397,16 +406,13 @@ func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementSc
 			}
 			submitted = true
 			var err error
-			var held string
+			var held providerHold
 			if obs, held, err = r.submit(ctx, s); err != nil {
 				return ctrl.Result{}, err
 			}
-			if held != "" {
-				r.cond(s.bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, ReasonBillingProviderNotFound, held)
-				if held == fmt.Sprintf(providerUnprotected, s.bs.Spec.BillingProviderRef) {
-					return ctrl.Result{RequeueAfter: time.Second}, nil
-				}
-				return ctrl.Result{RequeueAfter: waitForReference}, nil
+			if held.why != "" {
+				r.cond(s.bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, ReasonBillingProviderNotFound, held.why)
+				return ctrl.Result{RequeueAfter: held.recheck}, nil
 			}
 		case actLookup:
 			if looked {
@@ -446,7 +452,7 @@ func (s *settlementScope) providerChanged() bool {
 // deleted (or gone, or another object) nothing is sent and the bracket is undone, so
 // its deletion — which releases only once no settlement holds it, listed live — can
 // never race a first submission into a provider that no longer exists. held says why.
-func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementScope) (_ observation, held string, _ error) {
+func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementScope) (_ observation, held providerHold, _ error) {
 	bs, st := s.bs, &s.bs.Status
 	prior, priorLast := EffectiveExposure(st), st.LastSubmission
 	now := metav1.NewTime(s.now)
@@ -464,16 +470,16 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 		fmt.Sprintf("attempt %d in flight with key %s", st.Attempts, bs.Spec.IdempotencyKey))
 	if _, err := patchStatus(ctx, r.Client, bs, s.before, true); err != nil {
 		bs.Status = *s.before.Status.DeepCopy()
-		return observation{}, "", fmt.Errorf("record attempt of billingsettlement %s: %w", bs.Name, err)
+		return observation{}, providerHold{}, fmt.Errorf("record attempt of billingsettlement %s: %w", bs.Name, err)
 	}
-	if why, err := r.providerGoing(ctx, s, prior); err != nil || why != "" {
+	if hold, err := r.providerGoing(ctx, s, prior); err != nil || hold.why != "" {
 		bracketed := bs.DeepCopy()
 		bs.Status = *s.before.Status.DeepCopy() // no call was made: exactly as before
 		if _, perr := patchStatus(ctx, r.Client, bs, bracketed, true); perr != nil {
-			return observation{}, "", perr // exposure stays Possible: it is only asked, never lost
+			return observation{}, providerHold{}, perr // exposure stays Possible: it is only asked, never lost
 		}
 		s.before = bs.DeepCopy()
-		return observation{}, why, err
+		return observation{}, hold, err
 	}
 	r.countTransition(s)
 	if s.before.Status.Attempts == 0 {
@@ -488,37 +494,41 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 		settlementAttempts.WithLabelValues("submit", classLabel(err)).Inc()
 		o := failureObservation(err, s.now, st)
 		o.submit, o.priorExposure, o.priorLastSubmission = true, prior, priorLast
-		return o, "", nil
+		return o, providerHold{}, nil
 	}
 	settlementAttempts.WithLabelValues("submit", "ok").Inc()
-	return recordObservation(req, rec, true), "", nil
+	return recordObservation(req, rec, true), providerHold{}, nil
 }
 
-// providerUnprotected says a BillingProvider does not carry its in-use finalizer yet.
-const providerUnprotected = "BillingProvider %q is not protected from deletion yet; sending in a moment"
+// providerHold says why nothing may be sent through a BillingProvider now ("" when it
+// may) and when to look again.
+type providerHold struct {
+	why     string
+	recheck time.Duration
+}
 
-// providerGoing reads the BillingProvider live and says why nothing may be sent
-// through it ("" when it may).
-func (r *BillingSettlementReconciler) providerGoing(ctx context.Context, s *settlementScope, prior hooksv1alpha1.Exposure) (string, error) {
+// providerGoing reads the BillingProvider live and says whether something may be sent
+// through it.
+func (r *BillingSettlementReconciler) providerGoing(ctx context.Context, s *settlementScope, prior hooksv1alpha1.Exposure) (providerHold, error) {
 	var bp hooksv1alpha1.BillingProvider
 	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: s.bs.Namespace, Name: s.bs.Spec.BillingProviderRef}, &bp)
 	switch {
 	case apierrors.IsNotFound(err):
-		return fmt.Sprintf("BillingProvider %q is gone; nothing is sent", s.bs.Spec.BillingProviderRef), nil
+		return providerHold{fmt.Sprintf("BillingProvider %q is gone; nothing is sent", s.bs.Spec.BillingProviderRef), waitForReference}, nil
 	case err != nil:
-		return "", fmt.Errorf("get billingprovider %s: %w", s.bs.Spec.BillingProviderRef, err)
+		return providerHold{}, fmt.Errorf("get billingprovider %s: %w", s.bs.Spec.BillingProviderRef, err)
 	case !bp.DeletionTimestamp.IsZero() && prior != hooksv1alpha1.ExposurePossible:
 		// A resend of what may already be there (same key) finishes the job; new
 		// exposure through a provider being deleted is not taken.
-		return fmt.Sprintf("BillingProvider %q is being deleted; nothing new is sent through it", bp.Name), nil
+		return providerHold{fmt.Sprintf("BillingProvider %q is being deleted; nothing new is sent through it", bp.Name), waitForReference}, nil
 	case bp.UID != s.provider.UID:
-		return fmt.Sprintf("BillingProvider %q was replaced; looking again", bp.Name), nil
+		return providerHold{fmt.Sprintf("BillingProvider %q was replaced; looking again", bp.Name), waitForReference}, nil
 	case !controllerutil.ContainsFinalizer(&bp, hooksv1alpha1.FinalizerBillingProviderInUse):
 		// Its deletion would not wait for this settlement yet: the BillingProvider
 		// controller puts the finalizer on at its first reconcile, moments from now.
-		return fmt.Sprintf(providerUnprotected, bp.Name), nil
+		return providerHold{fmt.Sprintf("BillingProvider %q is not protected from deletion yet; sending in a moment", bp.Name), time.Second}, nil
 	}
-	return "", nil
+	return providerHold{}, nil
 }
 
 // lookup asks the provider by key (a poll, for a pending record).

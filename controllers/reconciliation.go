@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -489,13 +488,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 // it ("" when it can): a field that differs or is missing (fail closed), or an earlier
 // disagreement the settlement recorded. It names fields, never another record's values.
 func (r *BillingProviderReconciler) notProvablyOurs(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, rec billing.Record) string {
-	reverses := ""
-	if bs.Spec.Reverses != "" {
-		var orig hooksv1alpha1.BillingSettlement
-		if err := r.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: bs.Spec.Reverses}, &orig); err == nil {
-			reverses = orig.Spec.SettlementKey
-		}
-	}
+	reverses, _ := reversedKey(ctx, r.Client, bs) // unreadable: "" fails the comparison, closed
 	if m, ok := RecordMatches(bs, reverses, rec); !ok {
 		return fmt.Sprintf("the provider's record %s under key %s is not provably this settlement: %s", rec.ID, bs.Spec.IdempotencyKey, m)
 	}
