@@ -1,0 +1,256 @@
+// Package archive keeps finished records in PostgreSQL so that the cluster holds only
+// what is in flight (docs/design.md §12). Event receipts, job completions and
+// settlements are inserted once, read back and compared, and never updated: a
+// correction is a new settlement, as in the cluster. The tables' unique constraints
+// mirror the objects' names and keys, so an archived record still counts for
+// deduplication, ordering and "never charge twice".
+//
+// Writes are idempotent: archiving the same content again is a no-op, archiving other
+// content under an archived name or key is a *ConflictError (never overwritten).
+package archive
+
+import (
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Config says where the archive is and how the operator talks to it.
+type Config struct {
+	// URL is a PostgreSQL connection URL or DSN (pgx syntax). TLS is configured in it:
+	// sslmode=verify-full with sslrootcert (and sslcert/sslkey for client certificates).
+	URL string
+	// MaxConns bounds the pool (default 8).
+	MaxConns int32
+	// StatementTimeout bounds every statement on the server (default 5s).
+	StatementTimeout time.Duration
+}
+
+// Store is the archive. Its methods are safe for concurrent use.
+type Store struct {
+	pool     *pgxpool.Pool
+	migrated atomic.Bool
+}
+
+// ErrNotReady is returned until the schema has been migrated.
+var ErrNotReady = errors.New("the archive's schema is not migrated yet")
+
+// ConflictError says an archived row under the same name or key holds other content:
+// the record is not archived (and so stays in the cluster), and a human looks.
+type ConflictError struct {
+	Kind, Namespace, Name string
+	// Detail names what differs, never values.
+	Detail string
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("archive already holds a different %s %s/%s: %s", e.Kind, e.Namespace, e.Name, e.Detail)
+}
+
+// IsConflict reports whether err is a *ConflictError.
+func IsConflict(err error) bool {
+	var c *ConflictError
+	return errors.As(err, &c)
+}
+
+// Open creates the pool. It does not connect: the archive may be down when the
+// manager starts, and receipt never depends on it. Call Migrate (MigrateUntilDone)
+// before anything else.
+func Open(cfg Config) (*Store, error) {
+	pc, err := pgxpool.ParseConfig(cfg.URL)
+	if err != nil {
+		// pgx's message may quote the URL; never repeat a password.
+		return nil, errors.New("the archive database URL is not valid (pgx connection string syntax)")
+	}
+	pc.MaxConns = cfg.MaxConns
+	if pc.MaxConns <= 0 {
+		pc.MaxConns = 8
+	}
+	timeout := cfg.StatementTimeout
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	pc.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(timeout.Milliseconds(), 10)
+	pc.ConnConfig.RuntimeParams["application_name"] = "settlement-operator"
+	if pc.ConnConfig.ConnectTimeout == 0 || pc.ConnConfig.ConnectTimeout > 10*time.Second {
+		pc.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	pc.HealthCheckPeriod = 10 * time.Second
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		return nil, fmt.Errorf("archive pool: %w", err)
+	}
+	return &Store{pool: pool}, nil
+}
+
+// Close closes the pool.
+func (s *Store) Close() { s.pool.Close() }
+
+// Ping checks that the archive answers.
+func (s *Store) Ping(ctx context.Context) error {
+	if !s.migrated.Load() {
+		return ErrNotReady
+	}
+	return s.pool.Ping(ctx)
+}
+
+// Ready reports whether the schema is migrated.
+func (s *Store) Ready() bool { return s.migrated.Load() }
+
+// Migrate applies the embedded migrations not yet recorded in schema_migrations, each
+// in its own transaction, under an advisory lock so replicas starting together apply
+// each once.
+func (s *Store) Migrate(ctx context.Context) error {
+	files, err := migrations.ReadDir("migrations")
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0, len(files))
+	for _, f := range files {
+		names = append(names, f.Name())
+	}
+	sort.Strings(names)
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("connect to the archive: %w", err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(7410524)`); err != nil {
+		return fmt.Errorf("lock the archive schema: %w", err)
+	}
+	defer func() { _, _ = conn.Exec(context.Background(), `SELECT pg_advisory_unlock(7410524)`) }()
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return fmt.Errorf("create schema_migrations: %w", err)
+	}
+	for _, name := range names {
+		version, err := strconv.Atoi(strings.SplitN(name, "_", 2)[0])
+		if err != nil {
+			return fmt.Errorf("migration %s: the name must start with its version number", name)
+		}
+		var applied bool
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = $1)`, version).Scan(&applied); err != nil {
+			return fmt.Errorf("read schema_migrations: %w", err)
+		}
+		if applied {
+			continue
+		}
+		sql, err := migrations.ReadFile("migrations/" + name)
+		if err != nil {
+			return err
+		}
+		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, string(sql)); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, version, name)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("apply migration %s: %w", name, err)
+		}
+	}
+	s.migrated.Store(true)
+	return nil
+}
+
+// SchemaVersion is the highest migration applied.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v int
+	err := s.pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM schema_migrations`).Scan(&v)
+	return v, err
+}
+
+func (s *Store) ready() error {
+	if !s.migrated.Load() {
+		return ErrNotReady
+	}
+	return nil
+}
+
+// objectJSON is the record as kubectl would show it, without managedFields.
+func objectJSON(obj any, kind string) ([]byte, error) {
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, err
+	}
+	m["apiVersion"] = hooksv1alpha1.GroupVersion.String()
+	m["kind"] = kind
+	if md, ok := m["metadata"].(map[string]any); ok {
+		delete(md, "managedFields")
+	}
+	return json.Marshal(m)
+}
+
+func hashOf(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only plain API types are hashed
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// insertReadBack inserts one row (ON CONFLICT DO NOTHING: every unique constraint),
+// then reads the row under the record's own name back and compares its content hash,
+// recomputed from the stored object. A row that is missing after the insert means
+// another record holds one of its keys.
+func (s *Store) insertReadBack(ctx context.Context, kind, ns, name, insert string, args []any,
+	readBack string, readArgs []any, contentOf func([]byte) (string, error), want string) error {
+	if err := s.ready(); err != nil {
+		return err
+	}
+	if _, err := s.pool.Exec(ctx, insert, args...); err != nil {
+		return fmt.Errorf("archive %s %s/%s: %w", kind, ns, name, err)
+	}
+	var stored []byte
+	var storedHash string
+	err := s.pool.QueryRow(ctx, readBack, readArgs...).Scan(&stored, &storedHash)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return &ConflictError{Kind: kind, Namespace: ns, Name: name,
+			Detail: "another archived record holds one of its unique keys (event ID, job version, settlement or idempotency key)"}
+	}
+	if err != nil {
+		return fmt.Errorf("read back %s %s/%s: %w", kind, ns, name, err)
+	}
+	got, err := contentOf(stored)
+	if err != nil {
+		return fmt.Errorf("read back %s %s/%s: the stored object does not decode: %w", kind, ns, name, err)
+	}
+	if storedHash != want {
+		return &ConflictError{Kind: kind, Namespace: ns, Name: name, Detail: "the archived row has other content (a different object or outcome under the same name)"}
+	}
+	if got != want {
+		return fmt.Errorf("read back %s %s/%s: the stored object does not match its content hash", kind, ns, name)
+	}
+	return nil
+}
+
+func conditionsJSON(c any) []byte {
+	b, _ := json.Marshal(c)
+	if string(b) == "null" {
+		return []byte("[]")
+	}
+	return b
+}

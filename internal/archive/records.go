@@ -1,0 +1,345 @@
+package archive
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+)
+
+// Content hashes cover what a record says, not how the cluster stored it: the object's
+// UID, its spec and its outcome. Metadata (resourceVersion, finalizers, a deletion
+// timestamp) and display-only status (conditions, messages, next-attempt times) are
+// left out, so the same record archived again after a crash — or once by the archiver
+// and once on its way out through the finalizer — hashes the same.
+
+type eventContent struct {
+	UID        string
+	Spec       hooksv1alpha1.WebhookEventSpec
+	Phase      hooksv1alpha1.EventPhase
+	Operations []operationContent
+}
+
+type operationContent struct {
+	Type    hooksv1alpha1.OperationType    `json:"type"`
+	Key     string                         `json:"key"`
+	Child   string                         `json:"child,omitempty"`
+	Outcome hooksv1alpha1.OperationOutcome `json:"outcome"`
+	State   string                         `json:"state,omitempty"`
+}
+
+func operationsOf(ev *hooksv1alpha1.WebhookEvent) []operationContent {
+	ops := make([]operationContent, 0, len(ev.Status.Operations))
+	for _, op := range ev.Status.Operations {
+		ops = append(ops, operationContent{Type: op.Type, Key: op.Key, Child: op.Child, Outcome: op.Outcome})
+	}
+	return ops
+}
+
+// EventContentHash is the content hash of an event receipt.
+func EventContentHash(ev *hooksv1alpha1.WebhookEvent) string {
+	return hashOf(eventContent{UID: string(ev.UID), Spec: ev.Spec, Phase: ev.Status.Phase, Operations: operationsOf(ev)})
+}
+
+type jobContent struct {
+	UID            string
+	Spec           hooksv1alpha1.JobCompletionSpec
+	State          hooksv1alpha1.JobCompletionState
+	AppliedVersion *int64
+}
+
+// JobContentHash is the content hash of a job completion.
+func JobContentHash(jc *hooksv1alpha1.JobCompletion) string {
+	return hashOf(jobContent{UID: string(jc.UID), Spec: jc.Spec, State: jc.Status.State, AppliedVersion: jc.Status.AppliedVersion})
+}
+
+type settlementContent struct {
+	UID              string
+	Spec             hooksv1alpha1.BillingSettlementSpec
+	State            hooksv1alpha1.SettlementState
+	Exposure         hooksv1alpha1.Exposure
+	Attempts         int32
+	ProviderRef      string
+	ProviderStatus   string
+	ChargedAmount    *hooksv1alpha1.Amount
+	SentTo           *hooksv1alpha1.ProviderTarget
+	FirstSubmittedAt *metav1.Time
+	SettledAt        *metav1.Time
+}
+
+// SettlementContentHash is the content hash of a settlement.
+func SettlementContentHash(bs *hooksv1alpha1.BillingSettlement) string {
+	st := &bs.Status
+	return hashOf(settlementContent{UID: string(bs.UID), Spec: bs.Spec, State: st.State, Exposure: st.Exposure,
+		Attempts: st.Attempts, ProviderRef: st.ProviderRef, ProviderStatus: st.ProviderStatus,
+		ChargedAmount: st.ChargedAmount, SentTo: st.SentTo, FirstSubmittedAt: st.FirstSubmittedAt, SettledAt: st.SettledAt})
+}
+
+func ts(t *metav1.Time) *time.Time {
+	if t == nil || t.IsZero() {
+		return nil
+	}
+	v := t.UTC()
+	return &v
+}
+
+func condTrue(conds []metav1.Condition, t string) bool {
+	return meta.IsStatusConditionTrue(conds, t)
+}
+
+// ArchiveEvent archives an event receipt: inserted once, read back and compared.
+func (s *Store) ArchiveEvent(ctx context.Context, ev *hooksv1alpha1.WebhookEvent) error {
+	obj, err := objectJSON(ev, "WebhookEvent")
+	if err != nil {
+		return err
+	}
+	ops, _ := json.Marshal(operationsOf(ev))
+	want := EventContentHash(ev)
+	return s.insertReadBack(ctx, "WebhookEvent", ev.Namespace, ev.Name,
+		`INSERT INTO event_receipts (namespace, name, uid, provider, event_id, event_type, payload_hash, received_at,
+			phase, operations, created_at, content_hash, object)
+		 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13) ON CONFLICT DO NOTHING`,
+		[]any{ev.Namespace, ev.Name, string(ev.UID), ev.Spec.Provider, ev.Spec.EventID, ev.Spec.EventType, ev.Spec.PayloadHash,
+			ev.Spec.ReceivedAt.UTC(), string(ev.Status.Phase), ops, ev.CreationTimestamp.UTC(), want, obj},
+		`SELECT object, content_hash FROM event_receipts WHERE namespace = $1 AND name = $2`, []any{ev.Namespace, ev.Name},
+		func(b []byte) (string, error) {
+			var got hooksv1alpha1.WebhookEvent
+			if err := json.Unmarshal(b, &got); err != nil {
+				return "", err
+			}
+			return EventContentHash(&got), nil
+		}, want)
+}
+
+// ArchiveJobCompletion archives one version of a job's completion.
+func (s *Store) ArchiveJobCompletion(ctx context.Context, jc *hooksv1alpha1.JobCompletion) error {
+	obj, err := objectJSON(jc, "JobCompletion")
+	if err != nil {
+		return err
+	}
+	c := jc.Spec.Completion
+	var meter, unit *string
+	var qty *string
+	if u := c.Usage; u != nil {
+		meter, unit, qty = &u.Meter, &u.Unit, &u.Quantity
+	}
+	want := JobContentHash(jc)
+	return s.insertReadBack(ctx, "JobCompletion", jc.Namespace, jc.Name,
+		`INSERT INTO job_completions (namespace, name, uid, provider, job_id, version, job_state, state, applied_version,
+			completed_at, applied_at, usage_meter, usage_quantity, usage_unit, source_event, created_at, conditions, content_hash, object)
+		 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13::numeric,$14,$15,$16,$17,$18,$19) ON CONFLICT DO NOTHING`,
+		[]any{jc.Namespace, jc.Name, string(jc.UID), jc.Spec.Provider, jc.Spec.JobID, c.Version, string(c.State),
+			string(jc.Status.State), jc.Status.AppliedVersion, ts(c.CompletedAt), ts(jc.Status.AppliedAt), meter, qty, unit,
+			c.SourceEvent, jc.CreationTimestamp.UTC(), conditionsJSON(jc.Status.Conditions), want, obj},
+		`SELECT object, content_hash FROM job_completions WHERE namespace = $1 AND name = $2 AND version = $3`,
+		[]any{jc.Namespace, jc.Name, c.Version},
+		func(b []byte) (string, error) {
+			var got hooksv1alpha1.JobCompletion
+			if err := json.Unmarshal(b, &got); err != nil {
+				return "", err
+			}
+			return JobContentHash(&got), nil
+		}, want)
+}
+
+// ArchiveSettlement archives a settlement.
+func (s *Store) ArchiveSettlement(ctx context.Context, bs *hooksv1alpha1.BillingSettlement) error {
+	obj, err := objectJSON(bs, "BillingSettlement")
+	if err != nil {
+		return err
+	}
+	sp, st := &bs.Spec, &bs.Status
+	var meter, unit, qty, cur, ccur *string
+	var minor, cminor *int64
+	if u := sp.Usage; u != nil {
+		meter, unit, qty = &u.Meter, &u.Unit, &u.Quantity
+	}
+	if a := sp.Amount; a != nil {
+		minor, cur = &a.Minor, &a.Currency
+	}
+	if a := st.ChargedAmount; a != nil {
+		cminor, ccur = &a.Minor, &a.Currency
+	}
+	var endpoint, bpUID string
+	if t := st.SentTo; t != nil {
+		endpoint, bpUID = t.Endpoint, t.BillingProviderUID
+	}
+	typ := string(sp.Type)
+	if typ == "" {
+		typ = string(hooksv1alpha1.SettlementCharge)
+	}
+	exposure := string(st.Exposure)
+	if exposure == "" {
+		exposure = string(hooksv1alpha1.ExposureNone)
+	}
+	want := SettlementContentHash(bs)
+	return s.insertReadBack(ctx, "BillingSettlement", bs.Namespace, bs.Name,
+		`INSERT INTO settlements (namespace, name, uid, billing_provider, settlement_key, idempotency_key, type, reverses,
+			customer, job_id, webhook_provider, source_event, usage_meter, usage_quantity, usage_unit, amount_minor,
+			amount_currency, charged_minor, charged_currency, state, exposure, attempts, provider_ref, provider_status,
+			sent_to_endpoint, sent_to_provider_uid, dead_lettered, reconciled, first_submitted_at, settled_at,
+			last_reconciled_at, created_at, conditions, content_hash, object)
+		 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14::numeric,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,
+			$27,$28,$29,$30,$31,$32,$33,$34,$35) ON CONFLICT DO NOTHING`,
+		[]any{bs.Namespace, bs.Name, string(bs.UID), sp.BillingProviderRef, sp.SettlementKey, sp.IdempotencyKey, typ, sp.Reverses,
+			sp.Customer, sp.JobID, sp.WebhookProvider, sp.SourceEvent, meter, qty, unit, minor, cur, cminor, ccur,
+			string(st.State), exposure, st.Attempts, st.ProviderRef, st.ProviderStatus, endpoint, bpUID,
+			condTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered), condTrue(st.Conditions, hooksv1alpha1.ConditionReconciled),
+			ts(st.FirstSubmittedAt), ts(st.SettledAt), ts(st.LastReconciledAt), bs.CreationTimestamp.UTC(),
+			conditionsJSON(st.Conditions), want, obj},
+		`SELECT object, content_hash FROM settlements WHERE namespace = $1 AND name = $2`, []any{bs.Namespace, bs.Name},
+		func(b []byte) (string, error) {
+			var got hooksv1alpha1.BillingSettlement
+			if err := json.Unmarshal(b, &got); err != nil {
+				return "", err
+			}
+			return SettlementContentHash(&got), nil
+		}, want)
+}
+
+// EventReceipt is an archived event's identity and outcome.
+type EventReceipt struct {
+	Namespace, Name, Provider, EventID, EventType, PayloadHash, Phase string
+	ReceivedAt, ArchivedAt                                            time.Time
+}
+
+// Event finds the archived receipt of an event ID (nil when the archive has none).
+func (s *Store) Event(ctx context.Context, namespace, provider, eventID string) (*EventReceipt, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	var e EventReceipt
+	err := s.pool.QueryRow(ctx, `SELECT namespace, name, provider, event_id, event_type, payload_hash, phase, received_at, archived_at
+		FROM event_receipts WHERE namespace = $1 AND provider = $2 AND event_id = $3`, namespace, provider, eventID).
+		Scan(&e.Namespace, &e.Name, &e.Provider, &e.EventID, &e.EventType, &e.PayloadHash, &e.Phase, &e.ReceivedAt, &e.ArchivedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up archived event: %w", err)
+	}
+	return &e, nil
+}
+
+// LatestJob is the archived completion of a job with the highest version (nil when
+// the archive has none).
+func (s *Store) LatestJob(ctx context.Context, namespace, provider, jobID string) (*hooksv1alpha1.JobCompletion, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	var raw []byte
+	err := s.pool.QueryRow(ctx, `SELECT object FROM job_completions WHERE namespace = $1 AND provider = $2 AND job_id = $3
+		ORDER BY version DESC LIMIT 1`, namespace, provider, jobID).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up archived job: %w", err)
+	}
+	var jc hooksv1alpha1.JobCompletion
+	if err := json.Unmarshal(raw, &jc); err != nil {
+		return nil, fmt.Errorf("decode archived job: %w", err)
+	}
+	return &jc, nil
+}
+
+// Settlement finds an archived settlement by object name (nil when the archive has none).
+func (s *Store) Settlement(ctx context.Context, namespace, name string) (*hooksv1alpha1.BillingSettlement, error) {
+	return s.oneSettlement(ctx, `namespace = $1 AND name = $2`, namespace, name)
+}
+
+// SettlementByKey finds an archived settlement by settlement key or idempotency key.
+func (s *Store) SettlementByKey(ctx context.Context, namespace, key string) (*hooksv1alpha1.BillingSettlement, error) {
+	return s.oneSettlement(ctx, `namespace = $1 AND (settlement_key = $2 OR idempotency_key = $2) ORDER BY archived_at LIMIT 1`, namespace, key)
+}
+
+func (s *Store) oneSettlement(ctx context.Context, where string, args ...any) (*hooksv1alpha1.BillingSettlement, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	var raw []byte
+	err := s.pool.QueryRow(ctx, `SELECT object FROM settlements WHERE `+where, args...).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up archived settlement: %w", err)
+	}
+	var bs hooksv1alpha1.BillingSettlement
+	if err := json.Unmarshal(raw, &bs); err != nil {
+		return nil, fmt.Errorf("decode archived settlement: %w", err)
+	}
+	return &bs, nil
+}
+
+// Reversing lists the archived compensations of a settlement.
+func (s *Store) Reversing(ctx context.Context, namespace, name string) ([]hooksv1alpha1.BillingSettlement, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	rows, err := s.pool.Query(ctx, `SELECT object FROM settlements WHERE namespace = $1 AND reverses = $2`, namespace, name)
+	if err != nil {
+		return nil, fmt.Errorf("list archived compensations: %w", err)
+	}
+	return collectSettlements(rows)
+}
+
+func collectSettlements(rows pgx.Rows) ([]hooksv1alpha1.BillingSettlement, error) {
+	raws, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		return nil, fmt.Errorf("read archived settlements: %w", err)
+	}
+	out := make([]hooksv1alpha1.BillingSettlement, 0, len(raws))
+	for _, raw := range raws {
+		var bs hooksv1alpha1.BillingSettlement
+		if err := json.Unmarshal(raw, &bs); err != nil {
+			return nil, fmt.Errorf("decode archived settlement: %w", err)
+		}
+		out = append(out, bs)
+	}
+	return out, nil
+}
+
+// KnownIdempotencyKeys returns which of keys belong to archived settlements of a namespace.
+func (s *Store) KnownIdempotencyKeys(ctx context.Context, namespace string, keys []string) (map[string]bool, error) {
+	return s.known(ctx, `SELECT idempotency_key FROM settlements WHERE namespace = $1 AND idempotency_key = ANY($2)`, namespace, keys)
+}
+
+// KnownSettlementNames returns which of names are archived settlements of a namespace.
+func (s *Store) KnownSettlementNames(ctx context.Context, namespace string, names []string) (map[string]bool, error) {
+	return s.known(ctx, `SELECT name FROM settlements WHERE namespace = $1 AND name = ANY($2)`, namespace, names)
+}
+
+// KnownJobNames returns which of names are archived job completions of a namespace.
+func (s *Store) KnownJobNames(ctx context.Context, namespace string, names []string) (map[string]bool, error) {
+	return s.known(ctx, `SELECT DISTINCT name FROM job_completions WHERE namespace = $1 AND name = ANY($2)`, namespace, names)
+}
+
+func (s *Store) known(ctx context.Context, q, namespace string, keys []string) (map[string]bool, error) {
+	out := map[string]bool{}
+	if len(keys) == 0 {
+		return out, nil
+	}
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	rows, err := s.pool.Query(ctx, q, namespace, keys)
+	if err != nil {
+		return nil, fmt.Errorf("look up archived records: %w", err)
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("look up archived records: %w", err)
+	}
+	for _, k := range found {
+		out[k] = true
+	}
+	return out, nil
+}
