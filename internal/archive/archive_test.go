@@ -62,7 +62,7 @@ func settled(name string) *hooksv1alpha1.BillingSettlement {
 			WebhookProvider: "acme", SourceEvent: "acme-abc"},
 		Status: hooksv1alpha1.BillingSettlementStatus{State: hooksv1alpha1.SettlementSettled, Attempts: 1, ProviderRef: "ch_1",
 			Exposure: hooksv1alpha1.ExposureConfirmed, ChargedAmount: &hooksv1alpha1.Amount{Minor: 152300, Currency: "USD"},
-			SentTo: &hooksv1alpha1.ProviderTarget{Endpoint: "https://billing.example", BillingProviderUID: "bp-1", CredentialsSecret: "token"},
+			SentTo:           &hooksv1alpha1.ProviderTarget{Endpoint: "https://billing.example", BillingProviderUID: "bp-1", CredentialsSecret: "token"},
 			FirstSubmittedAt: &now, SettledAt: &now,
 			Conditions: []metav1.Condition{{Type: hooksv1alpha1.ConditionReconciled, Status: metav1.ConditionTrue, Reason: "ConfirmedByProvider", LastTransitionTime: now}}},
 	}
