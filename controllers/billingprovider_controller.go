@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 )
 
@@ -55,6 +56,9 @@ type BillingProviderReconciler struct {
 	NewClient func(cfg billing.HTTPConfig) (billing.Client, error)
 	// Now is the clock (time.Now).
 	Now func() time.Time
+	// Archive, when set, holds the records that left the cluster: the reconciliation
+	// pass compares the provider with cluster ∪ archive (docs/design.md §12).
+	Archive *archive.Store
 
 	clients providerClients
 }

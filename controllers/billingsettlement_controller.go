@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 )
 
@@ -66,6 +67,10 @@ type BillingSettlementReconciler struct {
 	// MaxConcurrentReconciles is how many records are worked on at once (1): calls to
 	// slow peers must not queue every other record behind them.
 	MaxConcurrentReconciles int
+	// Archive, when set, holds the settlements that left the cluster: a key it holds is
+	// never sent again, a settlement leaves only once it is archived, and compensations
+	// count the archived refunds of their charge (docs/design.md §12).
+	Archive *archive.Store
 
 	clients providerClients
 }
@@ -122,7 +127,7 @@ func (r *BillingSettlementReconciler) Reconcile(ctx context.Context, req ctrl.Re
 			err = perr
 		}
 	}()
-	phases := []settlementPhase{r.observeGeneration, r.checkIdentity, r.initExposure, r.handleReplay,
+	phases := []settlementPhase{r.observeGeneration, r.checkIdentity, r.checkArchive, r.initExposure, r.handleReplay,
 		r.handleReconcileRequest, r.updateReversedBy, r.resolveProvider, r.drive}
 	if !bs.DeletionTimestamp.IsZero() {
 		phases = []settlementPhase{r.observeGeneration, r.initExposure, r.resolveProviderIfHeld, r.drive}

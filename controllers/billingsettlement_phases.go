@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 )
@@ -70,6 +72,51 @@ func (r *BillingSettlementReconciler) checkIdentity(_ context.Context, s *settle
 	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonInvalidIdentity,
 		msg+"; nothing was sent: create a settlement whose name and keys are derived from its settlement key (kubectl explain billingsettlement.spec.idempotencyKey)")
 	return ctrl.Result{}, reconcile.TerminalError(err)
+}
+
+// checkArchive refuses a settlement whose name, settlement key or idempotency key the
+// archive already holds under another object (docs/design.md §12): that operation was
+// carried out — or decided — before and left the cluster, so this one is never sent,
+// even when the provider has forgotten the key by now. It is asked only before this
+// object's first submission: one that was sent is the live record of its key. It is
+// Failed with reason ArchivedDuplicate and exposure None (this object moved nothing;
+// the archived record accounts for its key), kept for review, and may be deleted.
+// While the archive does not answer, nothing is sent: the settlement waits.
+func (r *BillingSettlementReconciler) checkArchive(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
+	bs, st := s.bs, &s.bs.Status
+	if r.Archive == nil {
+		return ctrl.Result{}, nil
+	}
+	if archivedDuplicate(bs) {
+		return ctrl.Result{}, reconcile.TerminalError(errors.New("the archive holds this settlement's key"))
+	}
+	if st.Attempts > 0 || st.FirstSubmittedAt != nil || st.SentTo != nil ||
+		(st.State != hooksv1alpha1.SettlementPending && st.State != "") {
+		return ctrl.Result{}, nil
+	}
+	prior, err := r.Archive.SettlementFor(ctx, bs)
+	noteArchive("BillingSettlement", err)
+	if err != nil {
+		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonArchiveUnavailable,
+			"waiting for the archive: it must say whether this key was charged before anything is sent")
+		return ctrl.Result{RequeueAfter: archiveRetry}, nil
+	}
+	if prior == nil || prior.UID == bs.UID {
+		return ctrl.Result{}, nil
+	}
+	msg := fmt.Sprintf("the archive already holds settlement %s (%s, provider reference %q) with this name or key; nothing is sent for this one",
+		prior.Name, orNew(prior.Status.State), prior.Status.ProviderRef)
+	r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonArchivedDuplicate, "Validate", "%s", msg)
+	st.State, st.Exposure = hooksv1alpha1.SettlementFailed, hooksv1alpha1.ExposureNone
+	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonArchivedDuplicate,
+		msg+": find it with `kubectl settlement archive get "+bs.Spec.IdempotencyKey+"`; delete this one when reviewed")
+	return ctrl.Result{}, reconcile.TerminalError(errors.New(msg))
+}
+
+// archivedDuplicate reports whether checkArchive refused bs.
+func archivedDuplicate(bs *hooksv1alpha1.BillingSettlement) bool {
+	c := findCondition(bs, hooksv1alpha1.ConditionReady)
+	return bs.Status.State == hooksv1alpha1.SettlementFailed && c != nil && c.Reason == hooksv1alpha1.ReasonArchivedDuplicate
 }
 
 // initExposure gives a settlement its first exposure. Only a settlement the operator
@@ -221,7 +268,7 @@ func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *se
 	}
 	s.client = c
 	// The original's key travels in every request and every comparison.
-	if s.reverses, err = reversedKey(ctx, r.Client, bs); err != nil {
+	if s.reverses, err = reversedKey(ctx, r.Client, r.Archive, bs); err != nil {
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{}, nil
@@ -229,13 +276,15 @@ func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *se
 
 // reversedKey is the settlement key of the settlement a Refund or Void reverses ("" for
 // a charge, or when the original is gone).
-func reversedKey(ctx context.Context, reader client.Reader, bs *hooksv1alpha1.BillingSettlement) (string, error) {
+func reversedKey(ctx context.Context, reader client.Reader, store *archive.Store, bs *hooksv1alpha1.BillingSettlement) (string, error) {
 	if bs.Spec.Reverses == "" {
 		return "", nil
 	}
-	var orig hooksv1alpha1.BillingSettlement
-	err := reader.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: bs.Spec.Reverses}, &orig)
-	if err != nil && !apierrors.IsNotFound(err) {
+	orig, _, err := settlementInClusterOrArchive(ctx, reader, store, bs.Namespace, bs.Spec.Reverses)
+	if apierrors.IsNotFound(err) {
+		return "", nil
+	}
+	if err != nil {
 		return "", fmt.Errorf("get reversed settlement %s: %w", bs.Spec.Reverses, err)
 	}
 	return orig.Spec.SettlementKey, nil
@@ -281,14 +330,18 @@ func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *
 	if bs.Spec.Type != hooksv1alpha1.SettlementRefund && bs.Spec.Type != hooksv1alpha1.SettlementVoid {
 		return ctrl.Result{}, nil
 	}
-	var orig hooksv1alpha1.BillingSettlement
-	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: bs.Spec.Reverses}, &orig)
+	// The original may have been archived: it is read from the archive then.
+	origp, _, err := settlementInClusterOrArchive(ctx, r.APIReader, r.Archive, bs.Namespace, bs.Spec.Reverses)
 	if apierrors.IsNotFound(err) {
 		return r.holdCompensation(s, fmt.Sprintf("waiting for the settlement it reverses, %q, to exist", bs.Spec.Reverses))
+	}
+	if errors.Is(err, errArchiveUnavailable) {
+		return r.holdCompensation(s, "waiting for the archive: the settlement it reverses may be there")
 	}
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("get reversed settlement %s: %w", bs.Spec.Reverses, err)
 	}
+	orig := *origp
 	if why := compensationRefusal(bs, &orig); why != "" {
 		return r.holdCompensation(s, why)
 	}
@@ -296,6 +349,24 @@ func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *
 		var l hooksv1alpha1.BillingSettlementList
 		if err := r.APIReader.List(ctx, &l, client.InNamespace(bs.Namespace)); err != nil {
 			return ctrl.Result{}, fmt.Errorf("list refunds of %s: %w", orig.Name, err)
+		}
+		if r.Archive != nil {
+			// Refunds already archived count as much as those in the cluster: without
+			// them, a charge could be refunded again once its first refund left.
+			archived, err := r.Archive.Reversing(ctx, bs.Namespace, orig.Name)
+			noteArchive("BillingSettlement", err)
+			if err != nil {
+				return r.holdCompensation(s, "waiting for the archive: earlier refunds of the charge may be there")
+			}
+			inCluster := map[string]bool{}
+			for i := range l.Items {
+				inCluster[l.Items[i].Name] = true
+			}
+			for _, a := range archived {
+				if !inCluster[a.Name] {
+					l.Items = append(l.Items, a)
+				}
+			}
 		}
 		total := bs.Spec.Amount.Minor // this one, as it is about to be sent (a replay is not persisted yet)
 		for i := range l.Items {
@@ -421,7 +492,7 @@ func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementSc
 			looked = true
 			obs = r.lookup(ctx, s)
 		case actRelease:
-			return ctrl.Result{}, r.release(ctx, s)
+			return r.release(ctx, s)
 		case actWait, actHold:
 			return ctrl.Result{RequeueAfter: d.wait}, nil
 		default:
@@ -584,20 +655,47 @@ func failureObservation(err error, now time.Time, st *hooksv1alpha1.BillingSettl
 
 // release drops the protection finalizer of a settlement being deleted: the decision
 // found nothing can be pending at the provider under its key.
-func (r *BillingSettlementReconciler) release(ctx context.Context, s *settlementScope) error {
+func (r *BillingSettlementReconciler) release(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
 	bs := s.bs
+	if r.Archive != nil && controllerutil.ContainsFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection) {
+		// A financial record leaves the cluster only once it is in the archive and read
+		// back (docs/design.md §12); the archiver put it there already, or it goes now.
+		err := r.Archive.ArchiveSettlement(ctx, bs)
+		noteArchive("BillingSettlement", err)
+		switch {
+		case err == nil:
+		case archive.IsConflict(err) && neverSent(bs):
+			// Another record with its name or key is archived (this one was refused as
+			// its duplicate, or never sent): it moved nothing, so nothing is lost.
+		case archive.IsConflict(err):
+			r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonArchiveConflict,
+				"deletion is held: the archive holds other content under this settlement's name or key; it stays until a human reviews both")
+			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonArchiveConflict, "Archive", "%s", truncateMessage(err.Error()))
+			return ctrl.Result{RequeueAfter: 10 * time.Minute}, nil
+		default:
+			r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonArchiveUnavailable,
+				"deletion waits for the archive: a settlement leaves the cluster only once it is archived and read back")
+			return ctrl.Result{RequeueAfter: archiveRetry}, nil
+		}
+	}
 	if _, err := patchStatus(ctx, r.Client, bs, s.before, false); err != nil && !apierrors.IsNotFound(err) {
-		return err
+		return ctrl.Result{}, err
 	}
 	if controllerutil.ContainsFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection) {
 		patch := client.MergeFrom(bs.DeepCopy())
 		controllerutil.RemoveFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection)
 		if err := r.Patch(ctx, bs, patch); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("remove finalizer of billingsettlement %s: %w", bs.Name, err)
+			return ctrl.Result{}, fmt.Errorf("remove finalizer of billingsettlement %s: %w", bs.Name, err)
 		}
 	}
 	s.before = bs.DeepCopy() // nothing more to write: the object is going away
-	return nil
+	return ctrl.Result{}, nil
+}
+
+// neverSent reports whether a settlement never presented its key to any provider.
+func neverSent(bs *hooksv1alpha1.BillingSettlement) bool {
+	st := &bs.Status
+	return st.Attempts == 0 && st.FirstSubmittedAt == nil && st.SentTo == nil && EffectiveExposure(st) == hooksv1alpha1.ExposureNone
 }
 
 func requestOf(bs *hooksv1alpha1.BillingSettlement, reversesKey string) billing.Request {

@@ -207,6 +207,7 @@ func (r *BillingProviderReconciler) compare(ctx context.Context, bp *hooksv1alph
 			}
 		}
 	}
+	var jobFindings []archivedCheck
 	for _, jc := range jobs.Items {
 		if !billable[jc.Spec.Provider] || jc.Status.State != hooksv1alpha1.JobCompletionApplied ||
 			jc.Spec.Completion.State != hooksv1alpha1.JobSucceeded {
@@ -216,23 +217,29 @@ func (r *BillingProviderReconciler) compare(ctx context.Context, bp *hooksv1alph
 		if _, ok := byName[name]; ok {
 			continue
 		}
-		d := hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyJobWithoutSettlement, Object: "JobCompletion/" + jc.Name,
+		jobFindings = append(jobFindings, archivedCheck{key: name, d: hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyJobWithoutSettlement, Object: "JobCompletion/" + jc.Name,
 			Action: hooksv1alpha1.RepairManualReview,
 			Message: fmt.Sprintf("job %q completed (version %d) but no settlement %s exists: its event was routed without a charge (route changed?) or the settlement was deleted; the customer is not known from the job alone",
-				jc.Spec.JobID, jc.Spec.Completion.Version, name)}
-		p.add(d)
+				jc.Spec.JobID, jc.Spec.Completion.Version, name)}})
+	}
+	// A settlement that left for the archive is not missing.
+	if err := r.addUnlessArchived(ctx, bp.Namespace, jobFindings, p, r.archivedSettlementNames); err != nil {
+		return err
 	}
 
 	// 2. Settlements without a completed job, and 3. settlements stuck.
+	var settlementFindings []archivedCheck
 	for _, bs := range mine {
 		if bs.Spec.Type == hooksv1alpha1.SettlementCharge && bs.Spec.JobID != "" && bs.Spec.WebhookProvider != "" {
-			jc, ok := jobsByName[identity.JobCompletionName(bs.Spec.WebhookProvider, bs.Spec.JobID)]
+			jcName := identity.JobCompletionName(bs.Spec.WebhookProvider, bs.Spec.JobID)
+			jc, ok := jobsByName[jcName]
 			switch {
 			case !ok:
 				if jobRouteExists(providers.Items, bs.Spec.WebhookProvider) {
-					p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancySettlementWithoutJob, Object: "BillingSettlement/" + bs.Name,
+					settlementFindings = append(settlementFindings, archivedCheck{key: jcName, d: hooksv1alpha1.Discrepancy{
+						Type: hooksv1alpha1.DiscrepancySettlementWithoutJob, Object: "BillingSettlement/" + bs.Name,
 						Action:  hooksv1alpha1.RepairManualReview,
-						Message: fmt.Sprintf("settlement for job %q has no JobCompletion", bs.Spec.JobID)})
+						Message: fmt.Sprintf("settlement for job %q has no JobCompletion", bs.Spec.JobID)}})
 				}
 			case jc.Spec.Completion.State != hooksv1alpha1.JobSucceeded && bs.Status.State == hooksv1alpha1.SettlementSettled &&
 				len(bs.Status.ReversedBy) == 0:
@@ -248,6 +255,11 @@ func (r *BillingProviderReconciler) compare(ctx context.Context, bp *hooksv1alph
 				Action: hooksv1alpha1.RepairAuthoritativeQuery, CarriedOut: carried,
 				Message: fmt.Sprintf("%s since %s; asked the provider by key", bs.Status.State, lastActivity(bs).UTC().Format(time.RFC3339))})
 		}
+	}
+
+	// A job whose completion left for the archive is not missing.
+	if err := r.addUnlessArchived(ctx, bp.Namespace, settlementFindings, p, r.archivedJobNames); err != nil {
+		return err
 	}
 
 	// 4-6. The provider's records against ours. An unreachable provider does not stop
@@ -298,6 +310,54 @@ func (r *BillingProviderReconciler) compare(ctx context.Context, bp *hooksv1alph
 		return fmt.Errorf("local checks done; comparison with the provider skipped: %w", providerErr)
 	}
 	return nil
+}
+
+// archivedCheck is a finding that stands only if the archive does not hold key.
+type archivedCheck struct {
+	key string
+	d   hooksv1alpha1.Discrepancy
+}
+
+// addUnlessArchived adds the findings whose key the archive does not hold (all of
+// them without an archive). An archive that does not answer fails the pass: reporting
+// an archived record as missing would send a human after a charge that is fine.
+func (r *BillingProviderReconciler) addUnlessArchived(ctx context.Context, ns string, checks []archivedCheck, p *passState,
+	known func(context.Context, string, []string) (map[string]bool, error)) error {
+	if len(checks) == 0 {
+		return nil
+	}
+	archived := map[string]bool{}
+	if r.Archive != nil {
+		keys := make([]string, 0, len(checks))
+		for _, c := range checks {
+			keys = append(keys, c.key)
+		}
+		var err error
+		archived, err = known(ctx, ns, keys)
+		noteArchive("BillingSettlement", err)
+		if err != nil {
+			return fmt.Errorf("%w: compare with the archive: %v", errArchiveUnavailable, err)
+		}
+		p.examined["Archived"] += int32(len(archived))
+	}
+	for _, c := range checks {
+		if !archived[c.key] {
+			p.add(c.d)
+		}
+	}
+	return nil
+}
+
+func (r *BillingProviderReconciler) archivedSettlementNames(ctx context.Context, ns string, names []string) (map[string]bool, error) {
+	return r.Archive.KnownSettlementNames(ctx, ns, names)
+}
+
+func (r *BillingProviderReconciler) archivedJobNames(ctx context.Context, ns string, names []string) (map[string]bool, error) {
+	return r.Archive.KnownJobNames(ctx, ns, names)
+}
+
+func (r *BillingProviderReconciler) archivedIdempotencyKeys(ctx context.Context, ns string, keys []string) (map[string]bool, error) {
+	return r.Archive.KnownIdempotencyKeys(ctx, ns, keys)
 }
 
 // failedChild names a child of ev in state Failed, if any.
@@ -389,6 +449,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 		if err != nil {
 			return fmt.Errorf("list the provider's records: %w", err)
 		}
+		var unknown []archivedCheck
 		for _, rec := range recs {
 			records++
 			seen[rec.IdempotencyKey] = true
@@ -400,10 +461,11 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 			}
 			bs, ok := byKey[rec.IdempotencyKey]
 			if !ok {
-				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyProviderRecordWithoutSettlement,
+				unknown = append(unknown, archivedCheck{key: rec.IdempotencyKey, d: hooksv1alpha1.Discrepancy{
+					Type:        hooksv1alpha1.DiscrepancyProviderRecordWithoutSettlement,
 					ProviderRef: rec.ID, Action: hooksv1alpha1.RepairManualReview,
-					Message: fmt.Sprintf("the provider has %s %s for key %q (settlement key %q) that no local settlement knows",
-						rec.Type, rec.Status, rec.IdempotencyKey, rec.SettlementKey)})
+					Message: fmt.Sprintf("the provider has %s %s for key %q (settlement key %q) that no local or archived settlement knows",
+						rec.Type, rec.Status, rec.IdempotencyKey, rec.SettlementKey)}})
 				continue
 			}
 			if why := r.notProvablyOurs(ctx, bs, rec); why != "" {
@@ -438,6 +500,10 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 			case rec.Status == billing.StatusSettled:
 				r.markReconciled(ctx, bs, rec, now)
 			}
+		}
+		// A record whose settlement left for the archive is known.
+		if err := r.addUnlessArchived(ctx, bp.Namespace, unknown, p, r.archivedIdempotencyKeys); err != nil {
+			return err
 		}
 		pages++
 		if next == "" {
@@ -488,7 +554,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 // it ("" when it can): a field that differs or is missing (fail closed), or an earlier
 // disagreement the settlement recorded. It names fields, never another record's values.
 func (r *BillingProviderReconciler) notProvablyOurs(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, rec billing.Record) string {
-	reverses, _ := reversedKey(ctx, r.Client, bs) // unreadable: "" fails the comparison, closed
+	reverses, _ := reversedKey(ctx, r.Client, r.Archive, bs) // unreadable: "" fails the comparison, closed
 	if m, ok := RecordMatches(bs, reverses, rec); !ok {
 		return fmt.Sprintf("the provider's record %s under key %s is not provably this settlement: %s", rec.ID, bs.Spec.IdempotencyKey, m)
 	}

@@ -23,6 +23,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/controllers"
+	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/receiver"
 	"github.com/settlement-operator/settlement-operator/test/fakebilling"
 	"github.com/settlement-operator/settlement-operator/test/fakejobsink"
@@ -99,8 +100,19 @@ type runningManager struct {
 	baseURL string
 }
 
-func startManager() *runningManager {
+// managerOptions vary a manager from the default (no archive).
+type managerOptions struct {
+	// store, when set, turns the archive on with records archived after archiveAfter.
+	store        *archive.Store
+	archiveAfter time.Duration
+}
+
+func startManager(opts ...managerOptions) *runningManager {
 	GinkgoHelper()
+	var o managerOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
 	m, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 env.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -112,14 +124,20 @@ func startManager() *runningManager {
 	Expect((&controllers.WebhookProviderReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		SecretRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
 	Expect((&controllers.WebhookEventReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
-		Recorder: m.GetEventRecorder("webhookevent")}).SetupWithManager(m)).To(Succeed())
+		Recorder: m.GetEventRecorder("webhookevent"), Archive: o.store}).SetupWithManager(m)).To(Succeed())
 	Expect((&controllers.JobCompletionReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("jobcompletion")}).SetupWithManager(m)).To(Succeed())
 	Expect((&controllers.BillingSettlementReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
-		Recorder: m.GetEventRecorder("billingsettlement")}).SetupWithManager(m)).To(Succeed())
+		Recorder: m.GetEventRecorder("billingsettlement"), Archive: o.store}).SetupWithManager(m)).To(Succeed())
 	Expect((&controllers.BillingProviderReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
-		Recorder: m.GetEventRecorder("billingprovider")}).SetupWithManager(m)).To(Succeed())
-	recv := receiver.New(receiver.Options{BindAddress: "127.0.0.1:0", SecretTTL: time.Second}, m.GetCache(),
+		Recorder: m.GetEventRecorder("billingprovider"), Archive: o.store}).SetupWithManager(m)).To(Succeed())
+	recvOpts := receiver.Options{BindAddress: "127.0.0.1:0", SecretTTL: time.Second}
+	if o.store != nil {
+		Expect((&controllers.Archiver{Client: m.GetClient(), Archive: o.store, After: o.archiveAfter,
+			Recorder: m.GetEventRecorder("archiver")}).SetupWithManager(m)).To(Succeed())
+		recvOpts.Archive = o.store
+	}
+	recv := receiver.New(recvOpts, m.GetCache(),
 		m.GetClient(), m.GetAPIReader(), m.GetEventRecorder("receiver"))
 	Expect(receiver.WarmCache(ctx, m.GetCache())).To(Succeed())
 	Expect(m.Add(recv)).To(Succeed())

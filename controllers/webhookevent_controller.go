@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 )
 
@@ -46,6 +47,12 @@ type WebhookEventReconciler struct {
 	// MaxConcurrentReconciles is how many records are worked on at once (1): calls to
 	// slow peers must not queue every other record behind them.
 	MaxConcurrentReconciles int
+	// Archive, when set, holds the records that left the cluster (docs/design.md §12):
+	// a new event is checked against the archived receipts before anything is
+	// dispatched, and a child missing from the cluster is looked up there before it is
+	// created or taken for deleted. Retention then leaves complete events to the
+	// archiver.
+	Archive *archive.Store
 }
 
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents,verbs=get;list;watch;delete
@@ -71,6 +78,16 @@ func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
 			hooksv1alpha1.ReasonAllOperationsDone, "no route matched the event type; stored for the record only")
 	default:
+		var res ctrl.Result
+		var gone bool
+		if res, gone, err = r.checkArchivedReceipt(ctx, &ev); gone || err != nil || !res.IsZero() {
+			if !gone {
+				if _, perr := patchStatus(ctx, r.Client, &ev, before, false); perr != nil {
+					return ctrl.Result{}, perr
+				}
+			}
+			return res, err
+		}
 		err = r.dispatch(ctx, &ev)
 		derivePhase(&ev)
 	}
@@ -96,7 +113,9 @@ const defaultEventRetention = 7 * 24 * time.Hour
 // is no longer needed. Events that are not complete, including quarantined ones, are
 // kept for the reconciliation pass and for review. Children are never touched.
 func (r *WebhookEventReconciler) retention(ctx context.Context, ev *hooksv1alpha1.WebhookEvent) (ctrl.Result, bool, error) {
-	if ev.Status.Phase != hooksv1alpha1.EventComplete && ev.Status.Phase != hooksv1alpha1.EventIgnored {
+	if r.Archive != nil || ev.Status.Phase != hooksv1alpha1.EventComplete && ev.Status.Phase != hooksv1alpha1.EventIgnored {
+		// With an archive, complete events leave through the archiver (their receipt
+		// keeps deduplicating from there); without one, retention deletes them.
 		ev.Status.DeleteAfter = nil
 		return ctrl.Result{}, false, nil
 	}
@@ -122,6 +141,57 @@ func (r *WebhookEventReconciler) retention(ctx context.Context, ev *hooksv1alpha
 		return ctrl.Result{}, true, fmt.Errorf("delete expired webhookevent %s: %w", ev.Name, err)
 	}
 	eventsExpired.Inc()
+	return ctrl.Result{}, true, nil
+}
+
+// checkArchivedReceipt decides, before an event's first dispatch, whether the archive
+// already holds its event ID (the receiver stores a delivery even when the archive is
+// down, or when its cache still had the original moments before it was archived): the
+// same payload is a duplicate, and this extra receipt is removed; another payload is a
+// conflicting reuse, recorded as a quarantine record as the receiver would, and this
+// receipt is removed. Nothing is dispatched for either. While the archive does not
+// answer, the event waits (condition Dispatched=False, reason ArchiveUnavailable).
+// gone reports that the event was deleted.
+func (r *WebhookEventReconciler) checkArchivedReceipt(ctx context.Context, ev *hooksv1alpha1.WebhookEvent) (ctrl.Result, bool, error) {
+	if r.Archive == nil || len(ev.Status.Operations) > 0 || ev.Status.Phase != "" && ev.Status.Phase != hooksv1alpha1.EventReceived {
+		return ctrl.Result{}, false, nil
+	}
+	prior, err := r.Archive.Event(ctx, ev.Namespace, ev.Spec.Provider, ev.Spec.EventID)
+	noteArchive("WebhookEvent", err)
+	if err != nil {
+		ev.Status.Phase = hooksv1alpha1.EventReceived
+		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionDispatched, metav1.ConditionFalse,
+			hooksv1alpha1.ReasonArchiveUnavailable, "waiting for the archive: it must say whether this event ID was received before anything is dispatched")
+		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+			hooksv1alpha1.ReasonArchiveUnavailable, "waiting for the archive before dispatch")
+		return ctrl.Result{RequeueAfter: archiveRetry}, false, nil
+	}
+	if prior == nil || prior.UID == string(ev.UID) {
+		return ctrl.Result{}, false, nil
+	}
+	if prior.PayloadHash != ev.Spec.PayloadHash {
+		q := &hooksv1alpha1.WebhookEvent{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: identity.QuarantineName(prior.Name, ev.Spec.PayloadHash),
+				Labels: map[string]string{hooksv1alpha1.LabelProvider: ev.Spec.Provider}},
+			Spec: hooksv1alpha1.WebhookEventSpec{Provider: ev.Spec.Provider, EventID: ev.Spec.EventID, EventType: ev.Spec.EventType,
+				Sequence: ev.Spec.Sequence, PayloadHash: ev.Spec.PayloadHash, ReceivedAt: ev.Spec.ReceivedAt,
+				Quarantine: &hooksv1alpha1.QuarantineInfo{OriginalEvent: prior.Name, OriginalPayloadHash: prior.PayloadHash}},
+		}
+		switch err := r.Create(ctx, q); {
+		case err == nil:
+			r.Recorder.Eventf(q, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonConflictingEventReuse, "Quarantine",
+				"event ID of archived %s was delivered again with a different payload; quarantined as %s", prior.Name, q.Name)
+		case !apierrors.IsAlreadyExists(err):
+			return ctrl.Result{}, false, fmt.Errorf("create quarantine record %s: %w", q.Name, err)
+		}
+	}
+	// The archive holds this event's receipt (and the quarantine record, if any, holds
+	// this delivery): the extra receipt goes, exactly the version judged here.
+	uid, rv := ev.UID, ev.ResourceVersion
+	if err := r.Delete(ctx, ev, client.Preconditions{UID: &uid, ResourceVersion: &rv}); err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, false, fmt.Errorf("delete duplicate of archived event %s: %w", ev.Name, err)
+	}
+	archivedDuplicates.WithLabelValues("WebhookEvent").Inc()
 	return ctrl.Result{}, true, nil
 }
 
@@ -245,22 +315,47 @@ func (r *WebhookEventReconciler) jobCompletion(ctx context.Context, ev *hooksv1a
 
 	var jc hooksv1alpha1.JobCompletion
 	err := r.Get(ctx, key, &jc)
+	archived := false
 	if apierrors.IsNotFound(err) && final(prev.Outcome) {
 		// The cache may not have seen a child created moments ago: confirm live.
 		if err = r.APIReader.Get(ctx, key, &jc); apierrors.IsNotFound(err) {
-			return childDeleted(prev), "", nil
+			// Archived is not deleted: mirror the archived record.
+			got, aerr := r.archivedJob(ctx, ev, f.JobID)
+			if aerr != nil {
+				return op, "", aerr
+			}
+			if got == nil {
+				return childDeleted(prev), "", nil
+			}
+			jc, err, archived = *got, nil, true
+		}
+	}
+	if apierrors.IsNotFound(err) && r.Archive != nil {
+		// The job may have been completed and archived: its archived version counts
+		// for ordering as if it were still here. Only a newer version creates it anew
+		// (never as a first sighting: its charge may have been made).
+		got, aerr := r.archivedJob(ctx, ev, f.JobID)
+		if aerr != nil {
+			return op, "", aerr
+		}
+		if got != nil && got.Spec.Completion.Version >= f.Version {
+			jc, err, archived = *got, nil, true
+		} else if got != nil {
+			created, cerr := r.createJob(ctx, ev, f, name, proposed)
+			if cerr != nil {
+				return op, "", cerr
+			}
+			if created {
+				op.Outcome = hooksv1alpha1.OutcomeCreated
+				op.Message = fmt.Sprintf("version %d replaces archived version %d", f.Version, got.Spec.Completion.Version)
+				op.State = string(hooksv1alpha1.JobCompletionPending)
+				return op, "", nil
+			}
+			err = r.APIReader.Get(ctx, key, &jc) // created concurrently
 		}
 	}
 	if apierrors.IsNotFound(err) {
-		jc = hooksv1alpha1.JobCompletion{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: name, Labels: map[string]string{
-				hooksv1alpha1.LabelProvider: ev.Spec.Provider,
-				hooksv1alpha1.LabelJob:      identity.Hash32(f.JobID),
-				hooksv1alpha1.LabelEvent:    eventHash(ev),
-			}},
-			Spec: hooksv1alpha1.JobCompletionSpec{Provider: ev.Spec.Provider, JobID: f.JobID, Completion: proposed,
-				Sink: f.Sink.DeepCopy()},
-		}
+		jc = *newJobCompletion(ev, f, name, proposed)
 		err = r.Create(ctx, &jc)
 		if err == nil {
 			op.Outcome, op.Message = hooksv1alpha1.OutcomeCreated, fmt.Sprintf("version %d", f.Version)
@@ -277,6 +372,26 @@ func (r *WebhookEventReconciler) jobCompletion(ctx context.Context, ev *hooksv1a
 		return op, "", fmt.Errorf("get jobcompletion %s: %w", name, err)
 	}
 	op.State = mirroredJobState(&jc)
+	if archived && f.Version == jc.Spec.Completion.Version && !sameCompletion(jc.Spec.Completion, proposed) && !final(prev.Outcome) {
+		op.Outcome = hooksv1alpha1.OutcomeConflict
+		op.Message = fmt.Sprintf("version %d was already reported by %s (archived) with different content", f.Version, jc.Spec.Completion.SourceEvent)
+		return op, "", nil
+	}
+	if archived && !final(prev.Outcome) {
+		// Never updated in place: the archived record is final.
+		switch {
+		case f.Version < jc.Spec.Completion.Version:
+			op.Outcome = hooksv1alpha1.OutcomeSuperseded
+			op.State = string(hooksv1alpha1.JobCompletionSuperseded)
+			op.Message = fmt.Sprintf("version %d is older than archived version %d from %s; the job does not move backward",
+				f.Version, jc.Spec.Completion.Version, jc.Spec.Completion.SourceEvent)
+		case jc.Spec.Completion.SourceEvent == ev.Name:
+			op.Outcome, op.Message = hooksv1alpha1.OutcomeCreated, fmt.Sprintf("version %d (archived)", f.Version)
+		default:
+			op.Outcome, op.Message = hooksv1alpha1.OutcomeLinked, fmt.Sprintf("version %d (archived)", f.Version)
+		}
+		return op, "", nil
+	}
 	if f.Version < jc.Spec.Completion.Version {
 		// A newer version replaced this event's: what happens to that one is not this
 		// event's story (its sink failing must not make this event PartiallyFailed).
@@ -322,6 +437,47 @@ func (r *WebhookEventReconciler) jobCompletion(ctx context.Context, ev *hooksv1a
 	return op, "", nil
 }
 
+// archivedJob is the job's archived completion with the highest version (nil without
+// an archive or when it holds none).
+func (r *WebhookEventReconciler) archivedJob(ctx context.Context, ev *hooksv1alpha1.WebhookEvent, jobID string) (*hooksv1alpha1.JobCompletion, error) {
+	if r.Archive == nil {
+		return nil, nil
+	}
+	got, err := r.Archive.LatestJob(ctx, ev.Namespace, ev.Spec.Provider, jobID)
+	noteArchive("JobCompletion", err)
+	if err != nil {
+		return nil, fmt.Errorf("%w: look up job %q: %v", errArchiveUnavailable, jobID, err)
+	}
+	return got, nil
+}
+
+// createJob creates a job's JobCompletion; false when it exists already.
+func (r *WebhookEventReconciler) createJob(ctx context.Context, ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.JobCompletionFacts,
+	name string, proposed hooksv1alpha1.Completion) (bool, error) {
+	jc := newJobCompletion(ev, f, name, proposed)
+	err := r.Create(ctx, jc)
+	if apierrors.IsAlreadyExists(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("create jobcompletion %s: %w", name, err)
+	}
+	return true, nil
+}
+
+func newJobCompletion(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.JobCompletionFacts, name string,
+	proposed hooksv1alpha1.Completion) *hooksv1alpha1.JobCompletion {
+	return &hooksv1alpha1.JobCompletion{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: name, Labels: map[string]string{
+			hooksv1alpha1.LabelProvider: ev.Spec.Provider,
+			hooksv1alpha1.LabelJob:      identity.Hash32(f.JobID),
+			hooksv1alpha1.LabelEvent:    eventHash(ev),
+		}},
+		Spec: hooksv1alpha1.JobCompletionSpec{Provider: ev.Spec.Provider, JobID: f.JobID, Completion: proposed,
+			Sink: f.Sink.DeepCopy()},
+	}
+}
+
 // sameCompletion compares the facts of a completion, not who reported them.
 func sameCompletion(a, b hooksv1alpha1.Completion) bool {
 	a.SourceEvent, b.SourceEvent = "", ""
@@ -355,10 +511,14 @@ func (r *WebhookEventReconciler) newerCompletion(ctx context.Context, ev *hooksv
 	var jc hooksv1alpha1.JobCompletion
 	name := identity.JobCompletionName(ev.Spec.Provider, job.id)
 	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ev.Namespace, Name: name}, &jc); err != nil {
-		if apierrors.IsNotFound(err) {
-			return 0, false, nil
+		if !apierrors.IsNotFound(err) {
+			return 0, false, fmt.Errorf("get jobcompletion %s: %w", name, err)
 		}
-		return 0, false, fmt.Errorf("get jobcompletion %s: %w", name, err)
+		got, aerr := r.archivedJob(ctx, ev, job.id)
+		if aerr != nil || got == nil {
+			return 0, false, aerr
+		}
+		jc = *got
 	}
 	current := jc.Spec.Completion.Version
 	return current, current > job.version, nil
@@ -396,6 +556,18 @@ func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alph
 		if legacy, ok := r.legacySettlement(ctx, ev, f); ok {
 			bs, err = legacy, nil
 			op.Child = bs.Name
+		}
+	}
+	if apierrors.IsNotFound(err) && r.Archive != nil {
+		// Archived is not missing: the archived settlement is this key's record, so
+		// the event links to it (or conflicts with it) and nothing is created again.
+		got, aerr := r.Archive.Settlement(ctx, ev.Namespace, name)
+		noteArchive("BillingSettlement", aerr)
+		if aerr != nil {
+			return op, fmt.Errorf("%w: look up settlement %s: %v", errArchiveUnavailable, name, aerr)
+		}
+		if got != nil {
+			bs, err = *got, nil
 		}
 	}
 	if apierrors.IsNotFound(err) && prev.Outcome == hooksv1alpha1.OutcomeSuperseded {

@@ -175,3 +175,16 @@ type JobSink struct {
 	// +kubebuilder:default="1h"
 	DeferDeadline *metav1.Duration `json:"deferDeadline,omitempty"`
 }
+
+// Reasons of the archive (docs/design.md §12), on every archived kind.
+const (
+	// ReasonArchiveConflict: the archive already holds other content under the
+	// record's name or key; the record is not archived and stays in the cluster.
+	ReasonArchiveConflict = "ArchiveConflict"
+	// ReasonArchiveUnavailable: the archive did not answer, and what comes next
+	// depends on it (is this event or key already archived?): the record waits.
+	ReasonArchiveUnavailable = "ArchiveUnavailable"
+	// ReasonArchivedDuplicate: the archive already holds this event, job version or
+	// settlement key; nothing is dispatched or sent again.
+	ReasonArchivedDuplicate = "ArchivedDuplicate"
+)

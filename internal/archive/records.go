@@ -206,8 +206,8 @@ func (s *Store) ArchiveSettlement(ctx context.Context, bs *hooksv1alpha1.Billing
 
 // EventReceipt is an archived event's identity and outcome.
 type EventReceipt struct {
-	Namespace, Name, Provider, EventID, EventType, PayloadHash, Phase string
-	ReceivedAt, ArchivedAt                                            time.Time
+	Namespace, Name, UID, Provider, EventID, EventType, PayloadHash, Phase string
+	ReceivedAt, ArchivedAt                                                 time.Time
 }
 
 // Event finds the archived receipt of an event ID (nil when the archive has none).
@@ -216,9 +216,9 @@ func (s *Store) Event(ctx context.Context, namespace, provider, eventID string) 
 		return nil, err
 	}
 	var e EventReceipt
-	err := s.pool.QueryRow(ctx, `SELECT namespace, name, provider, event_id, event_type, payload_hash, phase, received_at, archived_at
+	err := s.pool.QueryRow(ctx, `SELECT namespace, name, uid, provider, event_id, event_type, payload_hash, phase, received_at, archived_at
 		FROM event_receipts WHERE namespace = $1 AND provider = $2 AND event_id = $3`, namespace, provider, eventID).
-		Scan(&e.Namespace, &e.Name, &e.Provider, &e.EventID, &e.EventType, &e.PayloadHash, &e.Phase, &e.ReceivedAt, &e.ArchivedAt)
+		Scan(&e.Namespace, &e.Name, &e.UID, &e.Provider, &e.EventID, &e.EventType, &e.PayloadHash, &e.Phase, &e.ReceivedAt, &e.ArchivedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -342,4 +342,11 @@ func (s *Store) known(ctx context.Context, q, namespace string, keys []string) (
 		out[k] = true
 	}
 	return out, nil
+}
+
+// SettlementFor finds the archived settlement that shares any identity with bs — its
+// object name, settlement key or idempotency key — in bs's namespace (nil when none).
+func (s *Store) SettlementFor(ctx context.Context, bs *hooksv1alpha1.BillingSettlement) (*hooksv1alpha1.BillingSettlement, error) {
+	return s.oneSettlement(ctx, `namespace = $1 AND (name = $2 OR settlement_key = $3 OR idempotency_key = $4) ORDER BY archived_at LIMIT 1`,
+		bs.Namespace, bs.Name, bs.Spec.SettlementKey, bs.Spec.IdempotencyKey)
 }

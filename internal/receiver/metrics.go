@@ -41,6 +41,11 @@ var (
 		Help: "Webhook deliveries being processed now.",
 	})
 
+	archiveLookups = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_receiver_archive_lookups_total",
+		Help: "Archive lookups on a cache miss, by result (hit: answered from the archive; miss: not archived; error: the archive did not answer in time, the delivery was stored anyway).",
+	}, []string{"result"})
+
 	signatureSecretIndex = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_receiver_signature_key_matches_total",
 		Help: "Verified deliveries by provider and the index (sorted by Secret key name) of the key that matched; an old key with no matches can be removed.",
@@ -48,5 +53,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(requestsTotal, requestDuration, inFlight, signatureSecretIndex)
+	metrics.Registry.MustRegister(requestsTotal, requestDuration, inFlight, signatureSecretIndex, archiveLookups)
 }

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/extract"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/payload"
@@ -65,6 +66,18 @@ type Options struct {
 	SecretTTL time.Duration
 	// Now is the clock for signature timestamps (time.Now).
 	Now func() time.Time
+	// Archive, when set, is asked on a cache miss whether the event ID was received
+	// and archived before (docs/design.md §12). Receipt never depends on it: when it
+	// does not answer within ArchiveTimeout the delivery is stored as usual, and the
+	// event controller decides before dispatch.
+	Archive ArchivedReceipts
+	// ArchiveTimeout bounds that lookup (300ms).
+	ArchiveTimeout time.Duration
+}
+
+// ArchivedReceipts finds archived event receipts (archive.Store).
+type ArchivedReceipts interface {
+	Event(ctx context.Context, namespace, provider, eventID string) (*archive.EventReceipt, error)
 }
 
 func (o *Options) defaults() {
@@ -91,6 +104,7 @@ func (o *Options) defaults() {
 	def(&o.IdleTimeout, 2*time.Minute)
 	def(&o.ShutdownTimeout, 25*time.Second)
 	def(&o.SecretTTL, 30*time.Second)
+	def(&o.ArchiveTimeout, 300*time.Millisecond)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -321,6 +335,13 @@ func (r *Receiver) handle(req *http.Request, ns, name string, providerLabel *str
 		return r.compare(ctx, &provider, &existing, ev)
 	}
 
+	if prior := r.archived(ctx, ns, name, ev.ID); prior != nil {
+		// Received and archived before: answered from its archived receipt.
+		return r.compare(ctx, &provider, &hooksv1alpha1.WebhookEvent{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: prior.Name},
+			Spec:       hooksv1alpha1.WebhookEventSpec{PayloadHash: prior.PayloadHash}}, ev)
+	}
+
 	apiCtx, cancel := context.WithTimeout(ctx, r.opts.APITimeout)
 	defer cancel()
 	if ev.Routed {
@@ -354,6 +375,29 @@ func (r *Receiver) handle(req *http.Request, ns, name string, providerLabel *str
 		logger.Error(err, "storing the event failed", "event", eventName)
 		return r.unavailable("the event could not be stored")
 	}
+}
+
+// archived looks an event ID up in the archive, within ArchiveTimeout; nil when there
+// is no archive, it holds no such receipt, or it did not answer (then the delivery is
+// stored, and the event controller asks again before dispatch).
+func (r *Receiver) archived(ctx context.Context, ns, provider, eventID string) *archive.EventReceipt {
+	if r.opts.Archive == nil {
+		return nil
+	}
+	actx, cancel := context.WithTimeout(ctx, r.opts.ArchiveTimeout)
+	defer cancel()
+	prior, err := r.opts.Archive.Event(actx, ns, provider, eventID)
+	switch {
+	case err != nil:
+		archiveLookups.WithLabelValues("error").Inc()
+		log.FromContext(ctx).V(1).Info("archive lookup failed; storing the delivery", "error", err.Error())
+		return nil
+	case prior == nil:
+		archiveLookups.WithLabelValues("miss").Inc()
+		return nil
+	}
+	archiveLookups.WithLabelValues("hit").Inc()
+	return prior
 }
 
 func (r *Receiver) unavailable(msg string) answer {

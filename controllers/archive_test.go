@@ -1,0 +1,362 @@
+package controllers_test
+
+import (
+	"net/http"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/archive/pgtest"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
+)
+
+// The archive specs run the whole operator with the archive on — a real PostgreSQL
+// started from the machine's binaries — and records archived one second after they
+// finish, against the same API server and fake billing provider as the other specs.
+var _ = Describe("the archive (docs/design.md §12)", Ordered, func() {
+	var (
+		pg    *pgtest.Server
+		store *archive.Store
+	)
+	BeforeAll(func() {
+		var err error
+		pg, err = pgtest.Start()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(pg.CreateDatabase("archive")).To(Succeed())
+		store, err = archive.Open(archive.Config{URL: pg.URL("archive"), StatementTimeout: 2 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(store.Migrate(ctx)).To(Succeed())
+		mgr.stop()
+		mgr = startManager(managerOptions{store: store, archiveAfter: time.Second})
+	})
+	AfterAll(func() {
+		mgr.stop()
+		mgr = startManager()
+		if store != nil {
+			store.Close()
+		}
+		if pg != nil {
+			pg.Close()
+		}
+	})
+
+	jobName := func(jobID string) string { return identity.JobCompletionName("inference", jobID) }
+	stlName := func(jobID string) string {
+		return identity.SettlementName("inference", identity.DefaultSettlementKey("inference", jobID))
+	}
+	// goneFromCluster waits until obj has left the cluster.
+	goneFromCluster := func(ns, name string, obj client.Object) {
+		GinkgoHelper()
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, obj))
+		}).WithTimeout(45*time.Second).Should(BeTrue(), "%s/%s leaves the cluster", ns, name)
+	}
+	// settledAndArchived runs one job through the whole pipeline until all three of
+	// its records are archived and gone from the cluster.
+	settledAndArchived := func(ns, msgID, jobID string, version, tokens int) {
+		GinkgoHelper()
+		sendOK(ns, msgID, jobEvent(jobID, version, tokens))
+		Eventually(settlementState(ns, jobID)).Should(Equal(hooksv1alpha1.SettlementSettled))
+		goneFromCluster(ns, stlName(jobID), &hooksv1alpha1.BillingSettlement{})
+		goneFromCluster(ns, jobName(jobID), &hooksv1alpha1.JobCompletion{})
+		goneFromCluster(ns, identity.EventName(ns, "inference", msgID), &hooksv1alpha1.WebhookEvent{})
+	}
+
+	It("archives each kind once finished — a settlement only once a pass confirmed it — and only then removes it", func() {
+		ns := reconcilingTenant()
+		settledAndArchived(ns, "msg-arc-1", "job-arc-1", 1, 40)
+
+		bs, err := store.Settlement(ctx, ns, stlName("job-arc-1"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(bs).NotTo(BeNil(), "the settlement is in the archive")
+		Expect(bs.Status.State).To(Equal(hooksv1alpha1.SettlementSettled))
+		Expect(condition(bs.Status.Conditions, hooksv1alpha1.ConditionReconciled).Status).To(Equal(metav1.ConditionTrue))
+		Expect(bs.Spec.IdempotencyKey).To(Equal(identity.NamespacedIdempotencyKey(ns, key(ns, "job-arc-1"))))
+		Expect(bs.Status.ProviderRef).NotTo(BeEmpty())
+		Expect(bs.Status.SentTo).NotTo(BeNil())
+		Expect(bs.DeletionTimestamp).To(BeNil(), "archived before it was deleted")
+
+		jc, err := store.LatestJob(ctx, ns, "inference", "job-arc-1")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(jc).NotTo(BeNil())
+		Expect(jc.Status.State).To(Equal(hooksv1alpha1.JobCompletionApplied))
+
+		ev, err := store.Event(ctx, ns, "inference", "msg-arc-1")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ev).NotTo(BeNil())
+		Expect(ev.Phase).To(Equal(string(hooksv1alpha1.EventComplete)))
+
+		Expect(posts(billing.CallsFor(bs.Spec.IdempotencyKey))).To(Equal(1), "one POST, nothing since")
+	})
+
+	It("answers a redelivery of an archived event duplicate, and a different payload 409 with a quarantine record", func() {
+		ns := reconcilingTenant()
+		settledAndArchived(ns, "msg-arc-dup", "job-arc-dup", 1, 12)
+		idem := identity.NamespacedIdempotencyKey(ns, key(ns, "job-arc-dup"))
+
+		r := send(ns, "msg-arc-dup", jobEvent("job-arc-dup", 1, 12))
+		Expect(r.Status).To(Equal(http.StatusOK))
+		Expect(string(r.Body)).To(ContainSubstring(`"duplicate"`))
+		var evs hooksv1alpha1.WebhookEventList
+		Expect(k8s.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
+		Expect(evs.Items).To(BeEmpty(), "a duplicate answer writes nothing")
+
+		r = send(ns, "msg-arc-dup", jobEvent("job-arc-dup", 1, 13))
+		Expect(r.Status).To(Equal(http.StatusConflict))
+		Expect(k8s.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
+		Expect(evs.Items).To(HaveLen(1))
+		Expect(evs.Items[0].Spec.Quarantine).NotTo(BeNil())
+		Expect(evs.Items[0].Spec.Quarantine.OriginalEvent).To(Equal(identity.EventName(ns, "inference", "msg-arc-dup")))
+		Consistently(func() int { return posts(billing.CallsFor(idem)) }).WithTimeout(3 * time.Second).Should(Equal(1))
+	})
+
+	It("decides duplicates from the archive when it was down at receipt, and keeps every record while it is down", func() {
+		ns := reconcilingTenant()
+		settledAndArchived(ns, "msg-arc-down", "job-arc-down", 1, 7)
+		idem := identity.NamespacedIdempotencyKey(ns, key(ns, "job-arc-down"))
+
+		Expect(pg.Stop()).To(Succeed())
+		stopped := true
+		DeferCleanup(func() {
+			if stopped {
+				Expect(pg.StartAgain()).To(Succeed())
+			}
+		})
+		// Receipt does not depend on the archive: both deliveries are stored and acknowledged.
+		r := send(ns, "msg-arc-down", jobEvent("job-arc-down", 1, 7))
+		Expect(r.Status).To(Equal(http.StatusOK), "a redelivery while the archive is down is stored, not refused")
+		sendOK(ns, "msg-arc-new", jobEvent("job-arc-new", 1, 5))
+		// Neither is dispatched while the archive cannot say whether it saw them.
+		Eventually(func() string {
+			c := condition(event(ns, "msg-arc-down").Status.Conditions, hooksv1alpha1.ConditionDispatched)
+			if c == nil {
+				return ""
+			}
+			return c.Reason
+		}).Should(Equal(hooksv1alpha1.ReasonArchiveUnavailable))
+		Consistently(func() error {
+			return k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: jobName("job-arc-new")}, &hooksv1alpha1.JobCompletion{})
+		}).WithTimeout(3 * time.Second).ShouldNot(Succeed())
+
+		Expect(pg.StartAgain()).To(Succeed())
+		stopped = false
+		// The redelivery is decided a duplicate (its extra receipt removed, nothing
+		// dispatched); the new event is dispatched, settled and archived.
+		goneFromCluster(ns, identity.EventName(ns, "inference", "msg-arc-down"), &hooksv1alpha1.WebhookEvent{})
+		Eventually(settlementState(ns, "job-arc-new")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		goneFromCluster(ns, stlName("job-arc-new"), &hooksv1alpha1.BillingSettlement{})
+		Expect(posts(billing.CallsFor(idem))).To(Equal(1), "the archived charge was not made again")
+		bs, err := store.Settlement(ctx, ns, stlName("job-arc-new"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(bs).NotTo(BeNil())
+	})
+
+	It("sends no settlement while the archive cannot say whether its key was archived", func() {
+		ns := reconcilingTenant()
+		Expect(pg.Stop()).To(Succeed())
+		stopped := true
+		DeferCleanup(func() {
+			if stopped {
+				Expect(pg.StartAgain()).To(Succeed())
+			}
+		})
+		bs := handMade(ns, "arc-down/1", "cus_direct", 500, "USD")
+		Expect(k8s.Create(ctx, bs)).To(Succeed())
+		Eventually(readyReason(bs)).Should(Equal(hooksv1alpha1.ReasonArchiveUnavailable))
+		Consistently(func() int { return len(billing.CallsFor(bs.Spec.IdempotencyKey)) }).WithTimeout(2*time.Second).Should(BeZero(),
+			"not even a lookup")
+		Expect(pg.StartAgain()).To(Succeed())
+		stopped = false
+		Eventually(func() int { return len(billing.CallsFor(bs.Spec.IdempotencyKey)) }).WithTimeout(30 * time.Second).ShouldNot(BeZero())
+	})
+
+	// settledHere runs a job to Settled in a tenant whose passes are an hour apart (so
+	// no pass confirms it by itself) and returns its settlement.
+	settledHere := func(ns, msgID, jobID string) *hooksv1alpha1.BillingSettlement {
+		GinkgoHelper()
+		sendOK(ns, msgID, jobEvent(jobID, 1, 4))
+		Eventually(settlementState(ns, jobID)).Should(Equal(hooksv1alpha1.SettlementSettled))
+		return settlementOf(ns, jobID)
+	}
+	hourly := func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+		bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{Interval: &metav1.Duration{Duration: time.Hour}}
+	}
+	// confirm marks a settled settlement Reconciled, as a pass that found it at the
+	// provider does.
+	confirm := func(bs *hooksv1alpha1.BillingSettlement) {
+		GinkgoHelper()
+		bs = get(bs)
+		base := bs.DeepCopy()
+		bs.Status.Conditions = append(bs.Status.Conditions, metav1.Condition{Type: hooksv1alpha1.ConditionReconciled,
+			Status: metav1.ConditionTrue, Reason: hooksv1alpha1.ReasonConfirmedByProvider, Message: "confirmed by the test",
+			LastTransitionTime: metav1.Now(), ObservedGeneration: bs.Generation})
+		Expect(k8s.Status().Patch(ctx, bs, client.MergeFrom(base))).To(Succeed())
+	}
+
+	It("keeps a finished settlement in the cluster while the archive is down, then archives it", func() {
+		ns := newTenant(hourly)
+		bs := settledHere(ns, "msg-arc-kept", "job-arc-kept")
+		Expect(pg.Stop()).To(Succeed())
+		stopped := true
+		DeferCleanup(func() {
+			if stopped {
+				Expect(pg.StartAgain()).To(Succeed())
+			}
+		})
+		confirm(bs)
+		Consistently(func() error { return k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{}) }).
+			WithTimeout(4*time.Second).Should(Succeed(), "nothing leaves the cluster while the archive is down")
+		Expect(get(bs).DeletionTimestamp).To(BeNil())
+		// Receipt does not depend on the archive either.
+		Expect(send(ns, "msg-arc-kept-2", jobEvent("job-arc-kept-2", 1, 4)).Status).To(Equal(http.StatusOK))
+
+		Expect(pg.StartAgain()).To(Succeed())
+		stopped = false
+		goneFromCluster(ns, bs.Name, &hooksv1alpha1.BillingSettlement{})
+		got, err := store.Settlement(ctx, ns, bs.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(got).NotTo(BeNil())
+		Expect(got.Status.ProviderRef).To(Equal(bs.Status.ProviderRef))
+		Eventually(settlementState(ns, "job-arc-kept-2")).Should(Equal(hooksv1alpha1.SettlementSettled))
+	})
+
+	It("finishes an archival interrupted between insert and delete, and keeps a record whose archived row differs", func() {
+		ns := newTenant(hourly)
+		// Interrupted: the row is in the archive (the first half of an archival), the
+		// object still in the cluster, as after a crash between insert and delete.
+		crashed := settledHere(ns, "msg-arc-crash", "job-arc-crash")
+		Expect(store.ArchiveSettlement(ctx, crashed)).To(Succeed())
+		confirm(crashed)
+		goneFromCluster(ns, crashed.Name, &hooksv1alpha1.BillingSettlement{})
+		got, err := store.Settlement(ctx, ns, crashed.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(got.UID).To(Equal(crashed.UID), "one row, the one inserted before the crash")
+
+		// A different row under the name (say, restored from elsewhere): the object is
+		// never deleted, and a Warning says why.
+		differs := settledHere(ns, "msg-arc-differs", "job-arc-differs")
+		other := differs.DeepCopy()
+		other.Status.ProviderRef = "st_elsewhere"
+		Expect(store.ArchiveSettlement(ctx, other)).To(Succeed())
+		confirm(differs)
+		Eventually(func() bool {
+			var l corev1.EventList
+			Expect(k8s.List(ctx, &l, client.InNamespace(ns))).To(Succeed())
+			for _, e := range l.Items {
+				if e.Reason == hooksv1alpha1.ReasonArchiveConflict && e.InvolvedObject.Name == differs.Name {
+					return true
+				}
+			}
+			return false
+		}).Should(BeTrue(), "a Warning names the conflict")
+		Consistently(func() error {
+			return k8s.Get(ctx, client.ObjectKeyFromObject(differs), &hooksv1alpha1.BillingSettlement{})
+		}).
+			WithTimeout(3 * time.Second).Should(Succeed())
+		Expect(get(differs).DeletionTimestamp).To(BeNil())
+	})
+
+	It("supersedes v1 after an archived v2 and charges nothing for it", func() {
+		ns := reconcilingTenant()
+		settledAndArchived(ns, "msg-arc-v2", "job-arc-order", 2, 30)
+		idem := identity.NamespacedIdempotencyKey(ns, key(ns, "job-arc-order"))
+		sendOK(ns, "msg-arc-v1", jobEvent("job-arc-order", 1, 99))
+		Eventually(func() hooksv1alpha1.OperationOutcome {
+			ev := &hooksv1alpha1.WebhookEvent{}
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.EventName(ns, "inference", "msg-arc-v1")}, ev); err != nil {
+				return ""
+			}
+			for _, op := range ev.Status.Operations {
+				if op.Type == hooksv1alpha1.OperationJobCompletion {
+					return op.Outcome
+				}
+			}
+			return ""
+		}).Should(Equal(hooksv1alpha1.OutcomeSuperseded))
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: jobName("job-arc-order")}, &hooksv1alpha1.JobCompletion{})).
+			NotTo(Succeed(), "no JobCompletion is created for an older version")
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: stlName("job-arc-order")}, &hooksv1alpha1.BillingSettlement{})).
+			NotTo(Succeed(), "no settlement is created for an older version")
+		Consistently(func() int { return posts(billing.CallsFor(idem)) }).WithTimeout(3 * time.Second).Should(Equal(1))
+	})
+
+	It("never sends a settlement created again for an archived key, even after the provider forgot the key", func() {
+		ns := reconcilingTenant()
+		settledAndArchived(ns, "msg-arc-again", "job-arc-again", 1, 21)
+		archived, err := store.Settlement(ctx, ns, stlName("job-arc-again"))
+		Expect(err).NotTo(HaveOccurred())
+		billing.ForgetKeys()
+
+		again := &hooksv1alpha1.BillingSettlement{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: archived.Name,
+			Labels: archived.Labels}, Spec: archived.Spec}
+		Expect(k8s.Create(ctx, again)).To(Succeed())
+		Eventually(readyReason(again)).Should(Equal(hooksv1alpha1.ReasonArchivedDuplicate))
+		Expect(get(again).Status.State).To(Equal(hooksv1alpha1.SettlementFailed))
+		Consistently(func() int { return posts(billing.CallsFor(archived.Spec.IdempotencyKey)) }).
+			WithTimeout(3*time.Second).Should(Equal(1), "only the original POST, long before")
+		// It may be deleted once reviewed: it moved nothing, the archive keeps the original.
+		Expect(k8s.Delete(ctx, again)).To(Succeed())
+		goneFromCluster(ns, again.Name, &hooksv1alpha1.BillingSettlement{})
+		still, err := store.Settlement(ctx, ns, archived.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(still.UID).To(Equal(archived.UID))
+	})
+
+	It("bounds refunds of an archived charge by the refunds already archived", func() {
+		ns := reconcilingTenant()
+		settledAndArchived(ns, "msg-arc-refund", "job-arc-refund", 1, 10) // 10 tokens × 100 = 1000 minor
+		orig, err := store.Settlement(ctx, ns, stlName("job-arc-refund"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(orig.Status.ChargedAmount).NotTo(BeNil())
+		charged := orig.Status.ChargedAmount
+
+		refund := func(part string, minor int64) *hooksv1alpha1.BillingSettlement {
+			return compensation(ns, "arc-refund/"+part, hooksv1alpha1.SettlementRefund, orig, orig.Spec.Customer, minor, charged.Currency)
+		}
+		first := refund("1", charged.Minor-100)
+		Expect(k8s.Create(ctx, first)).To(Succeed())
+		Eventually(stateOf(first)).Should(Equal(hooksv1alpha1.SettlementSettled), "a refund of an archived charge is sent")
+		// (stateOf reads "" once it is gone: it was Settled before, so it is archived now)
+		goneFromCluster(ns, first.Name, &hooksv1alpha1.BillingSettlement{})
+
+		second := refund("2", 200)
+		Expect(k8s.Create(ctx, second)).To(Succeed())
+		Eventually(readyReason(second)).Should(Equal(hooksv1alpha1.ReasonCompensationNotAllowed))
+		Expect(posts(billing.CallsFor(second.Spec.IdempotencyKey))).To(BeZero(), "refunds would exceed the charge: nothing sent (a lookup by key is fine)")
+	})
+
+	It("compares the provider with cluster ∪ archive: no archived record is unknown, an unknown one is", func() {
+		ns := reconcilingTenant()
+		settledAndArchived(ns, "msg-arc-rec", "job-arc-rec", 1, 3)
+		// A record at the provider that neither the cluster nor the archive knows.
+		foreign := handMade(ns, "arc-foreign/1", "cus_foreign", 77, "USD")
+		importRecord(foreign, "st_foreign_arc", 77)
+
+		d := finding(ns, hooksv1alpha1.DiscrepancyProviderRecordWithoutSettlement, func(d hooksv1alpha1.Discrepancy) bool {
+			return d.ProviderRef == "st_foreign_arc"
+		})
+		Expect(d.Action).To(Equal(hooksv1alpha1.RepairManualReview))
+		var l hooksv1alpha1.ReconciliationReportList
+		Expect(k8s.List(ctx, &l, client.InNamespace(ns))).To(Succeed())
+		archivedRef := ""
+		if bs, _ := store.Settlement(ctx, ns, stlName("job-arc-rec")); bs != nil {
+			archivedRef = bs.Status.ProviderRef
+		}
+		Expect(archivedRef).NotTo(BeEmpty())
+		for _, rr := range l.Items {
+			for _, item := range rr.Status.Items {
+				Expect(item.ProviderRef).NotTo(Equal(archivedRef), "the archived settlement is never reported: %s", item.Message)
+				Expect(strings.Contains(item.Object, "job-arc-rec") || strings.Contains(item.Message, "job-arc-rec")).To(BeFalse(),
+					"the archived job and settlement are never missing: %s", item.Message)
+			}
+		}
+	})
+})

@@ -1,0 +1,286 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archive"
+)
+
+// ArchiverControllerName prefixes the archiver's controllers (one per kind).
+const ArchiverControllerName = "archiver"
+
+// DefaultArchiveAfter is how long a finished record stays in the cluster before it is
+// archived, when the manager's flag does not say.
+const DefaultArchiveAfter = time.Hour
+
+// archiveRetry is how soon archival is tried again after the archive failed to answer.
+const archiveRetry = 10 * time.Second
+
+var (
+	archivedRecords = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_archived_total",
+		Help: "Records archived to PostgreSQL and removed from the cluster, by kind.",
+	}, []string{"kind"})
+	archiveFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_archive_failures_total",
+		Help: "Archive operations that failed, by kind and reason (unavailable: the archive did not answer; conflict: the archive holds other content under the record's name or key — alert on it).",
+	}, []string{"kind", "reason"})
+	archivedDuplicates = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_archived_duplicates_total",
+		Help: "Records not dispatched or sent because the archive already held them (a redelivered event, a settlement created again for an archived key), by kind.",
+	}, []string{"kind"})
+	archiveEnabled = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "settlement_archive_enabled",
+		Help: "1 when finished records are archived to PostgreSQL; 0 when every record stays in the cluster (see docs/capacity.md).",
+	})
+	archiveUp = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "settlement_archive_up",
+		Help: "1 when the archive answered its last operation, 0 when it did not.",
+	})
+)
+
+func init() {
+	metrics.Registry.MustRegister(archivedRecords, archivedDuplicates, archiveFailures, archiveEnabled, archiveUp)
+}
+
+// SetArchiveEnabled records whether the manager runs with an archive.
+func SetArchiveEnabled(on bool) {
+	if on {
+		archiveEnabled.Set(1)
+	} else {
+		archiveEnabled.Set(0)
+	}
+}
+
+// noteArchive records whether the archive answered.
+func noteArchive(kind string, err error) {
+	switch {
+	case err == nil:
+		archiveUp.Set(1)
+	case archive.IsConflict(err):
+		archiveUp.Set(1)
+		archiveFailures.WithLabelValues(kind, "conflict").Inc()
+	default:
+		archiveUp.Set(0)
+		archiveFailures.WithLabelValues(kind, "unavailable").Inc()
+	}
+}
+
+// Archiver moves finished records from the cluster into the archive (docs/design.md
+// §12): after After has passed since a record finished, it is inserted (idempotently),
+// read back and compared, and only then deleted, with UID and resourceVersion
+// preconditions so that exactly the archived version goes. A crash between any two
+// steps loses nothing (the object is still there) and duplicates nothing (the insert
+// of the same content is a no-op). What is not finished — dead-lettered, in need of
+// reconciliation, quarantined, in flight — stays until a human or the operator
+// finishes it.
+type Archiver struct {
+	client.Client
+	Archive  *archive.Store
+	Recorder recorder.EventRecorder
+	// After is how long a finished record stays (DefaultArchiveAfter when zero).
+	After time.Duration
+	// Now is the clock (time.Now).
+	Now func() time.Time
+	// MaxConcurrentReconciles per kind (1).
+	MaxConcurrentReconciles int
+}
+
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=jobcompletions,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingsettlements,verbs=get;list;watch;delete
+
+// finished says whether a record is done and since when ("" reason when it is).
+func finished(obj client.Object) (bool, time.Time) {
+	readySince := func(conds []metav1.Condition, t string) time.Time {
+		if c := meta.FindStatusCondition(conds, t); c != nil {
+			return c.LastTransitionTime.Time
+		}
+		return time.Time{}
+	}
+	switch o := obj.(type) {
+	case *hooksv1alpha1.WebhookEvent:
+		if o.Spec.Quarantine != nil || o.Status.ObservedGeneration != o.Generation {
+			return false, time.Time{}
+		}
+		if o.Status.Phase != hooksv1alpha1.EventComplete && o.Status.Phase != hooksv1alpha1.EventIgnored {
+			return false, time.Time{}
+		}
+		return true, laterOf(o.Spec.ReceivedAt.Time, readySince(o.Status.Conditions, hooksv1alpha1.ConditionReady))
+	case *hooksv1alpha1.JobCompletion:
+		if o.Status.ObservedGeneration != o.Generation {
+			return false, time.Time{}
+		}
+		switch o.Status.State {
+		case hooksv1alpha1.JobCompletionApplied:
+			// No newer version pending: the applied version is the one proposed.
+			if o.Status.AppliedVersion == nil || *o.Status.AppliedVersion != o.Spec.Completion.Version {
+				return false, time.Time{}
+			}
+		case hooksv1alpha1.JobCompletionFailed:
+		default:
+			return false, time.Time{}
+		}
+		return true, laterOf(o.CreationTimestamp.Time, readySince(o.Status.Conditions, hooksv1alpha1.ConditionReady))
+	case *hooksv1alpha1.BillingSettlement:
+		st := &o.Status
+		if st.ObservedGeneration != o.Generation || HoldsMoney(st) {
+			return false, time.Time{}
+		}
+		switch st.State {
+		case hooksv1alpha1.SettlementSettled:
+			// Settled and confirmed by a reconciliation pass.
+			if !meta.IsStatusConditionTrue(st.Conditions, hooksv1alpha1.ConditionReconciled) {
+				return false, time.Time{}
+			}
+			return true, laterOf(timeOf(st.SettledAt), readySince(st.Conditions, hooksv1alpha1.ConditionReconciled))
+		case hooksv1alpha1.SettlementFailed:
+			// Refused, nothing charged; a dead-lettered one waits for its replay.
+			if meta.IsStatusConditionTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered) {
+				return false, time.Time{}
+			}
+			return true, laterOf(o.CreationTimestamp.Time, readySince(st.Conditions, hooksv1alpha1.ConditionReady))
+		}
+	}
+	return false, time.Time{}
+}
+
+func timeOf(t *metav1.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.Time
+}
+
+func laterOf(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func (a *Archiver) now() time.Time {
+	if a.Now != nil {
+		return a.Now()
+	}
+	return time.Now()
+}
+
+func (a *Archiver) after() time.Duration {
+	if a.After > 0 {
+		return a.After
+	}
+	return DefaultArchiveAfter
+}
+
+// archiveOne is one kind's reconcile.
+func (a *Archiver) archiveOne(kind string, newObj func() client.Object, insert func(context.Context, client.Object) error) reconcile.Func {
+	return func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+		obj := newObj()
+		if err := a.Get(ctx, req.NamespacedName, obj); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
+		if !obj.GetDeletionTimestamp().IsZero() {
+			return ctrl.Result{}, nil // on its way out: the finalizer path archives it
+		}
+		done, since := finished(obj)
+		if !done {
+			return ctrl.Result{}, nil // its next change brings it back
+		}
+		if wait := since.Add(a.after()).Sub(a.now()); wait > 0 {
+			return ctrl.Result{RequeueAfter: wait}, nil
+		}
+		err := insert(ctx, obj)
+		noteArchive(kind, err)
+		if archive.IsConflict(err) {
+			a.Recorder.Eventf(obj, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonArchiveConflict, "Archive",
+				"not archived, kept in the cluster: %s", truncateMessage(err.Error()))
+			log.FromContext(ctx).Error(err, "archive conflict: the record stays in the cluster", "kind", kind)
+			return ctrl.Result{RequeueAfter: 10 * time.Minute}, nil
+		}
+		if err != nil {
+			log.FromContext(ctx).Info("archive unavailable; the record stays in the cluster", "kind", kind, "error", err.Error())
+			return ctrl.Result{RequeueAfter: archiveRetry}, nil
+		}
+		uid, rv := obj.GetUID(), obj.GetResourceVersion()
+		err = a.Delete(ctx, obj, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+		switch {
+		case apierrors.IsNotFound(err):
+			return ctrl.Result{}, nil
+		case apierrors.IsConflict(err):
+			// Changed since it was archived: look at the new version (archiving it
+			// again is a no-op if it says the same, a conflict if it does not).
+			return ctrl.Result{Requeue: true}, nil
+		case err != nil:
+			return ctrl.Result{}, fmt.Errorf("delete archived %s %s: %w", kind, req.NamespacedName, err)
+		}
+		archivedRecords.WithLabelValues(kind).Inc()
+		return ctrl.Result{}, nil
+	}
+}
+
+// finishedPredicate passes only records that are finished (and not on their way out).
+var finishedPredicate = predicate.NewPredicateFuncs(func(obj client.Object) bool {
+	done, _ := finished(obj)
+	return done && obj.GetDeletionTimestamp().IsZero()
+})
+
+// SetupWithManager registers one controller per archived kind.
+func (a *Archiver) SetupWithManager(mgr ctrl.Manager) error {
+	kinds := []struct {
+		name   string
+		obj    func() client.Object
+		insert func(context.Context, client.Object) error
+	}{
+		{"WebhookEvent", func() client.Object { return &hooksv1alpha1.WebhookEvent{} },
+			func(ctx context.Context, o client.Object) error {
+				return a.Archive.ArchiveEvent(ctx, o.(*hooksv1alpha1.WebhookEvent))
+			}},
+		{"JobCompletion", func() client.Object { return &hooksv1alpha1.JobCompletion{} },
+			func(ctx context.Context, o client.Object) error {
+				return a.Archive.ArchiveJobCompletion(ctx, o.(*hooksv1alpha1.JobCompletion))
+			}},
+		{"BillingSettlement", func() client.Object { return &hooksv1alpha1.BillingSettlement{} },
+			func(ctx context.Context, o client.Object) error {
+				return a.Archive.ArchiveSettlement(ctx, o.(*hooksv1alpha1.BillingSettlement))
+			}},
+	}
+	for _, k := range kinds {
+		if err := ctrl.NewControllerManagedBy(mgr).
+			Named(ArchiverControllerName+"-"+lower(k.name)).
+			For(k.obj(), builder.WithPredicates(finishedPredicate)).
+			WithOptions(controller.Options{MaxConcurrentReconciles: max(a.MaxConcurrentReconciles, 1)}).
+			Complete(a.archiveOne(k.name, k.obj, k.insert)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func lower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
