@@ -149,6 +149,8 @@ Filters:
                               settled  when the provider settled it (unsettled ones drop out
                                        of a window)
                               archived when it was archived: for incremental copies
+                                       (overlap runs by a few minutes and drop rows
+                                       already copied: see docs/archive.md)
 `
 
 func (f *filterFlags) register(fs *flag.FlagSet) {

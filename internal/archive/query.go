@@ -111,8 +111,9 @@ var ErrEmptyReference = errors.New("an empty reference matches nothing")
 // exact. namespace "" searches every namespace. The three kinds are read in one
 // read-only snapshot. Nothing found is an empty Found and no error.
 //
-// Within a namespace every settlement and event match uses an index; across all
-// namespaces, and for a job ID, the tables are scanned (see docs/archive.md).
+// Within a namespace, PostgreSQL looks each column up in its (namespace, column)
+// index (a BitmapOr); every index leads with the namespace, so across all namespaces
+// the tables are scanned (see docs/archive.md).
 func (s *Store) Find(ctx context.Context, namespace, ref string) (Found, error) {
 	var f Found
 	if err := s.ready(); err != nil {
@@ -187,9 +188,11 @@ const (
 	BySettled TimeField = "settled"
 	// ByArchived is when the operator archived it (archived_at). A record archived
 	// late (the archive was down, or the settlement took long to finish) lands in a
-	// later window than it was made in, so this is the field for an incremental copy
-	// ("everything archived since my last run" never misses a row), not for a
-	// period's charges.
+	// later window than it was made in, so this is the field for an incremental copy,
+	// not for a period's charges. archived_at is the inserting transaction's start
+	// time (now()), and inserts commit in a slightly different order: an incremental
+	// copy starts each run a few minutes before the previous run's latest archived_at
+	// and drops rows it already holds (namespace and name; rows never change).
 	ByArchived TimeField = "archived"
 )
 
