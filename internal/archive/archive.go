@@ -41,6 +41,11 @@ type Config struct {
 	MaxConns int32
 	// StatementTimeout bounds every statement on the server (default 5s).
 	StatementTimeout time.Duration
+	// ReadOnly makes every session read-only (default_transaction_read_only), for
+	// readers such as kubectl-settlement: they never write, whatever the credentials.
+	ReadOnly bool
+	// ApplicationName is shown in pg_stat_activity (default "settlement-operator").
+	ApplicationName string
 }
 
 // Store is the archive. Its methods are safe for concurrent use.
@@ -89,6 +94,12 @@ func Open(cfg Config) (*Store, error) {
 	}
 	pc.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(timeout.Milliseconds(), 10)
 	pc.ConnConfig.RuntimeParams["application_name"] = "settlement-operator"
+	if cfg.ApplicationName != "" {
+		pc.ConnConfig.RuntimeParams["application_name"] = cfg.ApplicationName
+	}
+	if cfg.ReadOnly {
+		pc.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	}
 	if pc.ConnConfig.ConnectTimeout == 0 || pc.ConnConfig.ConnectTimeout > 10*time.Second {
 		pc.ConnConfig.ConnectTimeout = 5 * time.Second
 	}

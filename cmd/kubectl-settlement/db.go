@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"sort"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/settlement-operator/settlement-operator/internal/archive"
+)
+
+// EnvArchiveURL names the environment variable that holds the archive's URL.
+const EnvArchiveURL = "SETTLEMENT_ARCHIVE_URL"
+
+// databaseURL is the archive's URL: --database-url, else the Secret of --from-secret,
+// else $SETTLEMENT_ARCHIVE_URL.
+func databaseURL(ctx context.Context, cmd string, c *commonFlags, env func(string) string) (string, error) {
+	switch {
+	case c.databaseURL != "":
+		return c.databaseURL, nil
+	case c.fromSecret != "":
+		ref, err := parseSecretRef(c.fromSecret)
+		if err != nil {
+			return "", &usageError{cmd: cmd, err: err}
+		}
+		return secretValue(ctx, c, env, ref)
+	case env(EnvArchiveURL) != "":
+		return env(EnvArchiveURL), nil
+	}
+	return "", usagef(cmd, "no archive database: give --database-url, --from-secret <namespace>/<name>[/<key>], or set %s", EnvArchiveURL)
+}
+
+// openArchive opens a read-only store on the archive and checks its schema. From here
+// on every error message goes through red, which knows the URL.
+func openArchive(ctx context.Context, cmd string, c *commonFlags, env func(string) string, red *redactor) (*archive.Store, error) {
+	u, err := databaseURL(ctx, cmd, c, env)
+	if err != nil {
+		return nil, err
+	}
+	red.add(u)
+	store, err := archive.Open(archive.Config{URL: u, ReadOnly: true, ApplicationName: "kubectl-settlement",
+		MaxConns: 2, StatementTimeout: c.timeout})
+	if err != nil {
+		// The URL is input to the command as much as a flag is.
+		return nil, &usageError{cmd: cmd, err: err}
+	}
+	if err := store.CheckSchema(ctx); err != nil {
+		store.Close()
+		if errors.Is(err, archive.ErrNotReady) {
+			return nil, err
+		}
+		return nil, errors.New("cannot read the archive: " + err.Error())
+	}
+	return store, nil
+}
+
+// redactor removes the archive's URL and password from messages. pgx's own messages
+// never carry the password, but a driver, a proxy or a future version might; the
+// redactor does not depend on it.
+type redactor struct{ secrets []string }
+
+func (r *redactor) add(dbURL string) {
+	candidates := []string{dbURL}
+	if u, err := url.Parse(dbURL); err == nil && u.User != nil {
+		if p, ok := u.User.Password(); ok {
+			candidates = append(candidates, p, url.QueryEscape(p), url.PathEscape(p), u.User.String())
+		}
+	}
+	if cfg, err := pgconn.ParseConfig(dbURL); err == nil {
+		candidates = append(candidates, cfg.Password)
+	}
+	for _, s := range candidates {
+		if s != "" {
+			r.secrets = append(r.secrets, s)
+		}
+	}
+	// Longest first, so that the URL goes as a whole before its password is looked for.
+	sort.Slice(r.secrets, func(i, j int) bool { return len(r.secrets[i]) > len(r.secrets[j]) })
+}
+
+func (r *redactor) clean(msg string) string {
+	for _, s := range r.secrets {
+		msg = strings.ReplaceAll(msg, s, "[REDACTED]")
+	}
+	return msg
+}

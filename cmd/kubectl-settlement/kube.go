@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// kubeConfig is the kubeconfig as kubectl finds it: --kubeconfig, else $KUBECONFIG (a
+// list of files), else ~/.kube/config; --context overrides the current context.
+func kubeConfig(c *commonFlags, env func(string) string) clientcmd.ClientConfig {
+	rules := &clientcmd.ClientConfigLoadingRules{}
+	switch {
+	case c.kubeconfig != "":
+		rules.ExplicitPath = c.kubeconfig
+	case env("KUBECONFIG") != "":
+		rules.Precedence = filepath.SplitList(env("KUBECONFIG"))
+	case env("HOME") != "":
+		rules.Precedence = []string{filepath.Join(env("HOME"), ".kube", "config")}
+	}
+	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: c.kubeContext})
+}
+
+// namespace is the namespace to search: "" for --all-namespaces, --namespace, else the
+// kubeconfig context's namespace, else "default" (also when there is no kubeconfig).
+func namespace(c *commonFlags, env func(string) string) (string, error) {
+	switch {
+	case c.allNamespaces:
+		return "", nil
+	case c.namespace != "":
+		return c.namespace, nil
+	}
+	ns, _, err := kubeConfig(c, env).Namespace()
+	if clientcmd.IsEmptyConfig(err) {
+		return "default", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read the kubeconfig for the default namespace (or give --namespace): %w", err)
+	}
+	if ns == "" {
+		ns = "default"
+	}
+	return ns, nil
+}
+
+// secretValue reads one key of a Secret through the kubeconfig. Messages name the
+// Secret and its keys, never a value.
+func secretValue(ctx context.Context, c *commonFlags, env func(string) string, ref secretRef) (string, error) {
+	cfg, err := kubeConfig(c, env).ClientConfig()
+	if err != nil {
+		return "", fmt.Errorf("--from-secret: read the kubeconfig: %w", err)
+	}
+	cfg.UserAgent = "kubectl-settlement"
+	cfg.Timeout = 30 * time.Second
+	client, err := corev1client.NewForConfig(cfg)
+	if err != nil {
+		return "", fmt.Errorf("--from-secret: %w", err)
+	}
+	sec, err := client.Secrets(ref.namespace).Get(ctx, ref.name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return "", fmt.Errorf("--from-secret: secret %q not found in namespace %q", ref.name, ref.namespace)
+	case apierrors.IsForbidden(err):
+		return "", fmt.Errorf("--from-secret: not allowed to read secret %s (check: kubectl auth can-i get secret/%s -n %s)", ref, ref.name, ref.namespace)
+	case err != nil:
+		return "", fmt.Errorf("--from-secret: read secret %s: %w", ref, err)
+	}
+	v, ok := sec.Data[ref.key]
+	if !ok {
+		keys := make([]string, 0, len(sec.Data))
+		for k := range sec.Data {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		return "", fmt.Errorf("--from-secret: secret %s has no key %q (its keys: %s)", ref, ref.key, strings.Join(keys, ", "))
+	}
+	url := strings.TrimSpace(string(v))
+	if url == "" {
+		return "", fmt.Errorf("--from-secret: key %q of secret %s is empty", ref.key, ref)
+	}
+	return url, nil
+}

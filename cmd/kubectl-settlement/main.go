@@ -1,0 +1,131 @@
+// Command kubectl-settlement is a kubectl plugin for settlement-operator. Installed on
+// the PATH it runs as `kubectl settlement …`:
+//
+//	go install github.com/settlement-operator/settlement-operator/cmd/kubectl-settlement@latest
+//	kubectl settlement archive get <settlement-key|idempotency-key|job-id|event-id|name>
+//	kubectl settlement archive list [--customer C] [--state S] [--since T] [--until T] [--limit N]
+//	kubectl settlement archive export --since T [--until T] --format csv|jsonl
+//
+// It reads the operator's PostgreSQL archive of finished records (docs/archive.md)
+// through a read-only session, and never writes to it. Exit status: 0 done, 1 nothing
+// found or the archive (or the cluster) could not be read, 2 the command line or the
+// configuration is wrong.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+const (
+	exitOK    = 0
+	exitFail  = 1
+	exitUsage = 2
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// usageError is a command line that cannot be run: exit status 2, with a pointer to
+// the command's help.
+type usageError struct {
+	cmd string // e.g. "archive get"
+	err error
+}
+
+func (e *usageError) Error() string { return e.err.Error() }
+
+func usagef(cmd, format string, args ...any) error {
+	return &usageError{cmd: cmd, err: fmt.Errorf(format, args...)}
+}
+
+// helpRequested is -h or --help: the help goes to stdout, exit status 0.
+type helpRequested struct{ text string }
+
+func (h *helpRequested) Error() string { return "help requested" }
+
+// run is the whole command: arguments in, output out, exit status back. env stands for
+// os.Getenv, so tests choose the environment.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string) int {
+	// Whatever fails, an error message never repeats the archive's URL or password:
+	// every message passes through the redactor once the URL is known.
+	red := &redactor{}
+	err := dispatch(ctx, args, stdout, stderr, env, red)
+	var help *helpRequested
+	var usage *usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &help):
+		fmt.Fprint(stdout, help.text)
+		return exitOK
+	case errors.As(err, &usage):
+		fmt.Fprintln(stderr, "error: "+red.clean(usage.Error()))
+		fmt.Fprintf(stderr, "See '%s --help' for usage.\n", strings.TrimSpace("kubectl settlement "+usage.cmd))
+		return exitUsage
+	default:
+		fmt.Fprintln(stderr, "error: "+red.clean(err.Error()))
+		return exitFail
+	}
+}
+
+const topHelp = `kubectl settlement: tools for settlement-operator.
+
+Commands:
+  archive get <ref>   find archived records by settlement key, idempotency key, job ID,
+                      event ID or object name
+  archive list        list archived settlements (by customer, state, time)
+  archive export      stream archived settlements as CSV or JSON Lines, for finance
+
+Run 'kubectl settlement archive <command> --help' for a command's flags.
+`
+
+const archiveHelp = `kubectl settlement archive: read the operator's PostgreSQL archive of finished
+event receipts, job completions and settlements (docs/archive.md).
+
+Commands:
+  get <ref>   every archived record a reference names
+  list        archived settlements, oldest first
+  export      archived settlements as CSV or JSON Lines on stdout
+
+Run 'kubectl settlement archive <command> --help' for a command's flags.
+`
+
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string, red *redactor) error {
+	if len(args) == 0 {
+		return usagef("", "no command given (try 'kubectl settlement archive get <ref>')")
+	}
+	switch args[0] {
+	case "-h", "--help", "-help", "help":
+		return &helpRequested{text: topHelp}
+	case "archive":
+	default:
+		return usagef("", "unknown command %q (the only command group is 'archive')", args[0])
+	}
+	args = args[1:]
+	if len(args) == 0 {
+		return usagef("archive", "no archive command given: get, list or export")
+	}
+	c := &command{stdout: stdout, stderr: stderr, env: env, red: red}
+	switch args[0] {
+	case "-h", "--help", "-help", "help":
+		return &helpRequested{text: archiveHelp}
+	case "get":
+		return c.get(ctx, args[1:])
+	case "list":
+		return c.list(ctx, args[1:])
+	case "export":
+		return c.export(ctx, args[1:])
+	}
+	return usagef("archive", "unknown archive command %q: want get, list or export", args[0])
+}
