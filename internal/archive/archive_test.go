@@ -143,6 +143,11 @@ func TestAppendOnly(t *testing.T) {
 	if err := s.ExecForTest(ctx, `DELETE FROM settlements`); err == nil {
 		t.Fatal("a DELETE of an archived row must be refused")
 	}
+	for _, table := range []string{"settlements", "job_completions", "event_receipts"} {
+		if err := s.ExecForTest(ctx, `TRUNCATE `+table); err == nil {
+			t.Fatalf("a TRUNCATE of %s must be refused", table)
+		}
+	}
 }
 
 func TestJobVersions(t *testing.T) {

@@ -13,7 +13,7 @@ CREATE TABLE event_receipts (
     payload_hash  text        NOT NULL,
     received_at   timestamptz NOT NULL,
     phase         text        NOT NULL,
-    -- per-operation outcomes: [{"type","key","child","outcome","state"}]
+    -- per-operation outcomes: [{"type","key","child","outcome"}]
     operations    jsonb       NOT NULL,
     created_at    timestamptz NOT NULL,
     content_hash  text        NOT NULL,
@@ -110,3 +110,14 @@ CREATE TRIGGER job_completions_append_only BEFORE UPDATE OR DELETE ON job_comple
     FOR EACH ROW EXECUTE FUNCTION archive_append_only();
 CREATE TRIGGER settlements_append_only BEFORE UPDATE OR DELETE ON settlements
     FOR EACH ROW EXECUTE FUNCTION archive_append_only();
+CREATE FUNCTION archive_no_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'the settlement archive is append-only: TRUNCATE on % refused', TG_TABLE_NAME
+        USING ERRCODE = 'insufficient_privilege';
+END $$;
+CREATE TRIGGER event_receipts_no_truncate BEFORE TRUNCATE ON event_receipts
+    FOR EACH STATEMENT EXECUTE FUNCTION archive_no_truncate();
+CREATE TRIGGER job_completions_no_truncate BEFORE TRUNCATE ON job_completions
+    FOR EACH STATEMENT EXECUTE FUNCTION archive_no_truncate();
+CREATE TRIGGER settlements_no_truncate BEFORE TRUNCATE ON settlements
+    FOR EACH STATEMENT EXECUTE FUNCTION archive_no_truncate();
