@@ -302,6 +302,19 @@ var _ = Describe("the archive (docs/design.md §12)", Ordered, func() {
 		Expect(get(again).Status.State).To(Equal(hooksv1alpha1.SettlementFailed))
 		Consistently(func() int { return posts(billing.CallsFor(archived.Spec.IdempotencyKey)) }).
 			WithTimeout(3*time.Second).Should(Equal(1), "only the original POST, long before")
+		// It waits for review: the archiver leaves it alone (archiving it would only
+		// conflict with the original's row).
+		Consistently(func() bool {
+			var l corev1.EventList
+			Expect(k8s.List(ctx, &l, client.InNamespace(ns))).To(Succeed())
+			for _, e := range l.Items {
+				if e.Reason == hooksv1alpha1.ReasonArchiveConflict {
+					return true
+				}
+			}
+			return false
+		}).WithTimeout(3 * time.Second).Should(BeFalse())
+		Expect(get(again).DeletionTimestamp).To(BeNil())
 		// It may be deleted once reviewed: it moved nothing, the archive keeps the original.
 		Expect(k8s.Delete(ctx, again)).To(Succeed())
 		goneFromCluster(ns, again.Name, &hooksv1alpha1.BillingSettlement{})

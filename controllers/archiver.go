@@ -153,8 +153,10 @@ func finished(obj client.Object) (bool, time.Time) {
 			}
 			return true, laterOf(timeOf(st.SettledAt), readySince(st.Conditions, hooksv1alpha1.ConditionReconciled))
 		case hooksv1alpha1.SettlementFailed:
-			// Refused, nothing charged; a dead-lettered one waits for its replay.
-			if meta.IsStatusConditionTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered) {
+			// Refused, nothing charged; a dead-lettered one waits for its replay, and a
+			// refused duplicate of an archived settlement waits for review (the archive
+			// holds its name already).
+			if meta.IsStatusConditionTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered) || archivedDuplicate(o) {
 				return false, time.Time{}
 			}
 			return true, laterOf(o.CreationTimestamp.Time, readySince(st.Conditions, hooksv1alpha1.ConditionReady))
