@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -105,15 +104,8 @@ func main() {
 		log.Error(errors.New("--archive-after must be positive"), "invalid flags")
 		os.Exit(2)
 	}
-	cacheOpts := cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
-	if watchNamespaces != "" {
-		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
-		for _, ns := range strings.Split(watchNamespaces, ",") {
-			if ns = strings.TrimSpace(ns); ns != "" {
-				cacheOpts.DefaultNamespaces[ns] = cache.Config{}
-			}
-		}
-	}
+	cacheOpts := cache.Options{DefaultTransform: cache.TransformStripManagedFields(),
+		DefaultNamespaces: controllers.WatchedNamespaces(watchNamespaces)}
 
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme: scheme,
@@ -203,6 +195,12 @@ func main() {
 
 	if store != nil {
 		recvOpts.Archive = store
+	}
+	if served := controllers.WatchedNamespaces(watchNamespaces); served != nil {
+		recvOpts.Namespaces = map[string]bool{}
+		for ns := range served {
+			recvOpts.Namespaces[ns] = true
+		}
 	}
 	recv := receiver.New(recvOpts, mgr.GetCache(), mgr.GetClient(), mgr.GetAPIReader(),
 		mgr.GetEventRecorder("settlement-receiver"))

@@ -21,6 +21,8 @@ const (
 	OutcomeTooManyRequests   = "too_many_requests"
 	OutcomeUnavailable       = "unavailable"
 	OutcomeProviderNotReady  = "provider_not_ready"
+	// OutcomeNotServed: the namespace is not one this deployment serves (--watch-namespaces).
+	OutcomeNotServed = "namespace_not_served"
 	outcomeLabelUnknownValue = "unknown"
 )
 

@@ -73,6 +73,10 @@ type Options struct {
 	Archive ArchivedReceipts
 	// ArchiveTimeout bounds that lookup (300ms).
 	ArchiveTimeout time.Duration
+	// Namespaces, when set, are the only namespaces this deployment serves
+	// (--watch-namespaces). A delivery for another one is our routing's mistake, not
+	// the sender's: it is answered 503 (retried, never lost) with a message saying so.
+	Namespaces map[string]bool
 }
 
 // ArchivedReceipts finds archived event receipts (archive.Store).
@@ -289,6 +293,10 @@ func (r *Receiver) handle(req *http.Request, ns, name string, providerLabel *str
 	}
 
 	// 2. Provider, from the informer cache: an unknown provider costs no API call.
+	if r.opts.Namespaces != nil && !r.opts.Namespaces[ns] {
+		return answer{code: http.StatusServiceUnavailable, outcome: OutcomeNotServed, retryAfter: r.opts.RetryAfter,
+			message: fmt.Sprintf("namespace %q is not served by this deployment (--watch-namespaces); the delivery was routed to the wrong one, nothing was acknowledged", ns)}
+	}
 	var provider hooksv1alpha1.WebhookProvider
 	if err := r.cache.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &provider); err != nil {
 		if apierrors.IsNotFound(err) {
