@@ -259,6 +259,7 @@ command -v go >/dev/null || die "go is not on PATH (the demo builds the operator
 mkdir -p "$bin" "$logs"
 stop_leftovers
 rm -rf "$state/tmp"
+rm -f "$state/archive-url" "$state/archived-key" # an earlier run's archive is gone with its server
 echo "script $$" >"$state/pids"
 trap 'cleanup' EXIT
 trap 'exit 130' INT
