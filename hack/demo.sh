@@ -11,10 +11,21 @@
 # reached a final or explicit state and that every settlement key was charged exactly
 # once, and then keeps running so you can play (Ctrl-C stops everything it started).
 #
+# The archive (issue 11): where the PostgreSQL server binaries are installed and the
+# manager has --archive-database-url, the demo also starts a throwaway PostgreSQL
+# (data in $DEMO_DIR/postgres, a free loopback port), runs the manager with it and a
+# short --archive-after, shows the settlements leaving the cluster for the archive and
+# found there, and checks every invariant over cluster ∪ archive. Otherwise it says
+# why and runs without the archive, as before.
+#
 # Environment:
 #   DEMO_EXIT=1   exit after the checks (CI): status 0 only if every invariant held
 #   DEMO_DIR      state directory (default: .demo in the repository): kubeconfig, logs, binaries
 #   DEMO_OUTAGE   how long the billing provider stays down, in seconds (default 10)
+#   DEMO_ARCHIVE=0        run without the archive even where it could run
+#   DEMO_ARCHIVE_AFTER    the manager's --archive-after (default 5s)
+#   PG_BIN        directory holding initdb, pg_ctl and postgres (default: PATH, then
+#                 /usr/lib/postgresql/<newest>/bin)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,6 +36,7 @@ logs=$state/logs
 kubeconfig=$state/kubeconfig
 ns=default
 outage=${DEMO_OUTAGE:-10}
+archive_after=${DEMO_ARCHIVE_AFTER:-5s}
 t0=$SECONDS
 failures=0
 
@@ -92,11 +104,18 @@ cleanup() {
   cleaned=1
   trap '' INT TERM HUP
   [ -z "${sleeper:-}" ] || kill "$sleeper" 2>/dev/null || true
-  if [ -n "${pid_controlplane:-}${pid_billing:-}${pid_manager:-}" ]; then
-    printf '\nstopping the demo (manager, fake billing provider, control plane)...\n'
+  if [ -n "${pid_controlplane:-}${pid_billing:-}${pid_manager:-}${pgdir:-}" ]; then
+    printf '\nstopping the demo (manager, fake billing provider, %scontrol plane)...\n' "${pgdir:+PostgreSQL, }"
   fi
   [ -n "${pid_manager:-}" ] && stop_group "$pid_manager" 35
   [ -n "${pid_billing:-}" ] && stop_group "$pid_billing" 10
+  if [ -n "${pgdir:-}" ]; then
+    stop_postgres "$pgdir"
+    # A directory of its own under /tmp (see start_postgres) goes; $state/postgres
+    # stays for a look, and the next run starts it afresh.
+    [ "$pgdir" = "$state/postgres" ] || rm -rf "$pgdir"
+    rm -f "$state/postgres.dir"
+  fi
   [ -n "${pid_controlplane:-}" ] && stop_group "$pid_controlplane" 45
   stop_control_plane_children
   rm -f "$state/pids" "$kubeconfig"
@@ -121,6 +140,13 @@ stop_leftovers() {
     rm -f "$state/pids"
   fi
   stop_control_plane_children
+  if [ -f "$state/postgres.dir" ]; then
+    local d
+    d=$(cat "$state/postgres.dir")
+    stop_postgres "$d" "left over from an earlier run"
+    [ "$d" = "$state/postgres" ] || rm -rf "$d"
+    rm -f "$state/postgres.dir"
+  fi
 }
 
 # --- ports ------------------------------------------------------------------------
@@ -133,11 +159,107 @@ pick_port() { # variable preferred-port: the first free port from there on
   printf -v "$1" '%s' "$p"
 }
 
+# --- PostgreSQL (the archive) -------------------------------------------------------
+# A server for this run only: initialised afresh, password-protected, on a loopback port
+# without a Unix socket, stopped by cleanup. PostgreSQL refuses to run as root, so as
+# root it runs as nobody (as internal/archive/pgtest does).
+
+# pg_bin_dir prints the directory holding initdb, pg_ctl and postgres: $PG_BIN, else
+# the one on PATH, else the newest /usr/lib/postgresql/*/bin.
+pg_bin_dir() {
+  local d candidates=()
+  if [ -n "${PG_BIN:-}" ]; then
+    candidates=("$PG_BIN")
+  else
+    if d=$(command -v initdb 2>/dev/null); then candidates+=("$(dirname "$d")"); fi
+    while IFS= read -r d; do candidates+=("$d"); done < <(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k4,4nr)
+    candidates+=(/usr/local/pgsql/bin)
+  fi
+  for d in "${candidates[@]}"; do
+    if [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ] && [ -x "$d/postgres" ]; then
+      echo "$d"
+      return 0
+    fi
+  done
+  return 1
+}
+
+sq() { printf "'%s'" "${1//\'/\'\\\'\'}"; } # one single-quoted sh word
+
+as_pg() { # command args...: run as the server's owner (nobody when we are root)
+  if [ "$(id -u)" -ne 0 ]; then
+    env LC_ALL=C "$@"
+    return
+  fi
+  local a cmd=""
+  for a in "$@"; do cmd+=" $(sq "$a")"; done
+  su -s /bin/sh nobody -c "exec env LC_ALL=C$cmd"
+}
+
+# start_postgres initialises and starts the server, creates the archive's database
+# and writes its URL to $state/archive-url (the URL holds the password: it is passed
+# by file or environment, never on a command line).
+start_postgres() {
+  local password
+  pgdir=$state/postgres
+  rm -rf "$pgdir"
+  mkdir -p "$pgdir"
+  chmod 700 "$pgdir"
+  if [ "$(id -u)" -eq 0 ]; then
+    chown nobody "$pgdir"
+    if ! as_pg test -w "$pgdir"; then
+      # nobody cannot reach $state (a checkout under /root, say): a directory of its own.
+      rm -rf "$pgdir"
+      pgdir=$(mktemp -d "${TMPDIR:-/tmp}/settlement-demo-postgres.XXXXXX")
+      chown nobody "$pgdir"
+      note "nobody cannot reach $state, so the server's data is in $pgdir (removed at exit)"
+    fi
+  fi
+  echo "$pgdir" >"$state/postgres.dir"
+  password=$(head -c 24 /dev/urandom | base64 | tr -dc 'A-Za-z0-9')
+  (umask 077 && printf '%s\n' "$password" >"$pgdir/pwfile")
+  [ "$(id -u)" -ne 0 ] || chown nobody "$pgdir/pwfile"
+  as_pg "$pgbin/initdb" -D "$pgdir/data" -U postgres --pwfile="$pgdir/pwfile" -A scram-sha-256 -E UTF8 --no-sync \
+    >"$pgdir/initdb.log" 2>&1 || die "initdb failed; see $pgdir/initdb.log (DEMO_ARCHIVE=0 runs the demo without the archive)"
+  rm -f "$pgdir/pwfile"
+  as_pg "$pgbin/pg_ctl" -D "$pgdir/data" -l "$pgdir/postgres.log" -w -t 60 \
+    -o "-p $pg_port -c listen_addresses=127.0.0.1 -c unix_socket_directories= -c fsync=off -c full_page_writes=off -c max_connections=50" \
+    start >"$pgdir/pg_ctl.log" 2>&1 || die "PostgreSQL did not start; see $pgdir/postgres.log and $pgdir/pg_ctl.log"
+  ln -sf "$pgdir/postgres.log" "$logs/postgres.log"
+  PGPASSWORD=$password "$psql" -X -q -v ON_ERROR_STOP=1 "postgres://postgres@127.0.0.1:$pg_port/postgres?sslmode=disable" \
+    -c 'CREATE DATABASE settlement_archive' || die "could not create the archive's database; see $logs/postgres.log"
+  (umask 077 && printf 'postgres://postgres:%s@127.0.0.1:%s/settlement_archive?sslmode=disable\n' "$password" "$pg_port" >"$state/archive-url")
+}
+
+# stop_postgres DIR [why]: fast shutdown (SIGINT to the postmaster: open sessions are
+# cut), then SIGKILL after a grace period. Only a postgres process is signalled.
+stop_postgres() {
+  local dir=$1 why=${2:-} pid i
+  [ -f "$dir/data/postmaster.pid" ] || return 0
+  pid=$(head -n 1 "$dir/data/postmaster.pid")
+  [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 0
+  case "$(cmdline_of "$pid")" in *postgres*) ;; *) return 0 ;; esac
+  [ -z "$why" ] || note "stopping PostgreSQL (pid $pid) $why"
+  kill -INT "$pid" 2>/dev/null || true
+  for i in $(seq 1 200); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
+# psql_archive [psql args] <<<SQL: a query against the archive (password from the URL
+# file). SQL comes on stdin because psql interpolates :'variables' only there.
+psql_archive() {
+  "$psql" -X -q -v ON_ERROR_STOP=1 "$(cat "$state/archive-url")" "$@"
+}
+
 # --- start ------------------------------------------------------------------------
 command -v go >/dev/null || die "go is not on PATH (the demo builds the operator from this checkout)"
 mkdir -p "$bin" "$logs"
 stop_leftovers
 rm -rf "$state/tmp"
+rm -f "$state/archive-url" "$state/archived-key" # an earlier run's archive is gone with its server
 echo "script $$" >"$state/pids"
 trap 'cleanup' EXIT
 trap 'exit 130' INT
@@ -155,7 +277,30 @@ k() { "$kubectl" --kubeconfig "$kubeconfig" "$@"; }
 step "building the manager, the fake billing provider, send-webhook and the demo toolbox"
 go build -o "$bin/manager" ./cmd
 go build -o "$bin/" ./cmd/fake-billing ./cmd/send-webhook ./hack/demo
+rm -f "$bin/kubectl-settlement"
+if [ -d cmd/kubectl-settlement ]; then
+  go build -o "$bin/kubectl-settlement" ./cmd/kubectl-settlement
+  note "and the kubectl plugin (kubectl settlement)"
+fi
 note "into $bin"
+
+# The archive runs when the manager has the flag and PostgreSQL is installed.
+archive='' pgbin='' psql=''
+manager_help=$("$bin/manager" --help 2>&1 || true) # flag's -help exits 2
+if [ "${DEMO_ARCHIVE:-1}" = 0 ]; then
+  note "archive: off (DEMO_ARCHIVE=0)"
+elif ! grep -q -- '-archive-database-url' <<<"$manager_help"; then
+  note "archive: off (this manager has no --archive-database-url flag yet)"
+elif ! pgbin=$(pg_bin_dir); then
+  note "archive: off: the PostgreSQL server binaries (initdb, pg_ctl, postgres) were not found${PG_BIN:+ in PG_BIN=$PG_BIN}."
+  note "  Install them (Debian/Ubuntu: sudo apt-get install -y postgresql), or set PG_BIN to their directory"
+  note "  (e.g. PG_BIN=/usr/lib/postgresql/16/bin), to see settlements leave the cluster for the archive."
+elif ! psql=$(command -v "$pgbin/psql" || command -v psql); then
+  note "archive: off: psql was not found next to $pgbin/initdb nor on PATH (Debian/Ubuntu: sudo apt-get install -y postgresql-client)"
+else
+  archive=1
+  note "archive: on (PostgreSQL from $pgbin; the manager archives finished records after --archive-after=$archive_after)"
+fi
 
 step "starting etcd and kube-apiserver on 127.0.0.1"
 rm -f "$kubeconfig"
@@ -188,13 +333,36 @@ umask 022
 start_bg billing "$logs/fake-billing.log" "$bin/fake-billing" -addr "127.0.0.1:$billing_port" -token-file "$state/billing-token"
 "$bin/demo" wait-http -url "$billing_url/_admin/ledger" -timeout 30s || die "the fake billing provider did not start; see $logs/fake-billing.log"
 
-step "starting the manager (controllers + receiver) as a real process"
-start_bg manager "$logs/manager.log" env KUBECONFIG="$kubeconfig" "$bin/manager" \
-  --receiver-bind-address="127.0.0.1:$receiver_port" \
-  --metrics-bind-address="127.0.0.1:$metrics_port" \
+manager_env=(KUBECONFIG="$kubeconfig")
+manager_args=(
+  --receiver-bind-address="127.0.0.1:$receiver_port"
+  --metrics-bind-address="127.0.0.1:$metrics_port"
   --health-probe-bind-address="127.0.0.1:$probe_port"
+)
+# Settlements are archived once a reconciliation pass has confirmed them: with the
+# archive, passes come every few seconds instead of every minute.
+reconcile_interval=1m
+if [ -n "$archive" ]; then
+  pick_port pg_port 15432
+  step "starting PostgreSQL for the archive on 127.0.0.1:$pg_port (database settlement_archive)"
+  start_postgres
+  note "$("$psql" --version)   data $pgdir   log $logs/postgres.log"
+  note "URL (with its password) in $state/archive-url; the manager gets it as ARCHIVE_DATABASE_URL"
+  manager_args+=(--archive-after="$archive_after")
+  reconcile_interval=5s
+fi
+
+step "starting the manager (controllers + receiver) as a real process"
+# The archive's URL goes through the environment (exported for this one process), so
+# its password is on no command line.
+if [ -n "$archive" ]; then export ARCHIVE_DATABASE_URL; ARCHIVE_DATABASE_URL=$(cat "$state/archive-url"); fi
+start_bg manager "$logs/manager.log" env "${manager_env[@]}" "$bin/manager" "${manager_args[@]}"
+unset ARCHIVE_DATABASE_URL
 "$bin/demo" wait-http -url "http://127.0.0.1:$probe_port/readyz" -timeout 60s || die "the manager did not become ready; see $logs/manager.log"
 note "receiver http://127.0.0.1:$receiver_port   metrics http://127.0.0.1:$metrics_port/metrics   log $logs/manager.log"
+if [ -n "$archive" ] && command -v curl >/dev/null; then
+  note "$(curl -s "http://127.0.0.1:$metrics_port/metrics" | grep '^settlement_archive_enabled' || echo 'settlement_archive_enabled: not exported')"
+fi
 
 step "configuring a WebhookProvider (Standard Webhooks) and a BillingProvider"
 k create secret generic inference-webhook-secret -n "$ns" --from-file=key="$state/webhook-secret" | sed 's/^/    /'
@@ -213,7 +381,7 @@ spec:
   credentialsSecretRef: {name: billing-api-token, key: token}
   requestTimeout: 2s
   retry: {maxAttempts: 20, maxElapsed: 10m, initialBackoff: 500ms, maxBackoff: 4s}
-  reconciliation: {interval: 1m, stuckAfter: 5m, eventStaleAfter: 5m, keepReports: 5}
+  reconciliation: {interval: $reconcile_interval, stuckAfter: 5m, eventStaleAfter: 5m, keepReports: 5}
 EOF
 k wait --for=condition=Ready -n "$ns" webhookprovider/inference --timeout=60s >/dev/null
 k get whp,bp -n "$ns" | sed 's/^/    /'
@@ -300,9 +468,39 @@ step "7. waiting until every event, job and settlement has reached a final or ex
 
 step "8. kubectl get whe,jc,bs,rr -o wide"
 k get whe,jc,bs,rr -n "$ns" -o wide
+n=9
 
-step "9. the provider's ledger (GET $billing_url/_admin/ledger), per settlement key"
-if ! "$bin/demo" report -kubeconfig "$kubeconfig" -namespace "$ns" -billing-url "$billing_url" -expect-quarantined 1; then
+if [ -n "$archive" ]; then
+  step "$n. the archive: Settled settlements leave the cluster once a pass confirmed them and --archive-after=$archive_after passed"
+  n=$((n + 1))
+  rm -f "$state/archived-key"
+  "$bin/demo" wait-archived -kubeconfig "$kubeconfig" -namespace "$ns" -archive-url-file "$state/archive-url" \
+    -key-out "$state/archived-key" -timeout 90s 2>&1 | sed 's/^/    /' || failures=$((failures + 1))
+  note "kubectl get bs:"
+  k get bs -n "$ns" 2>&1 | sed 's/^/      /'
+  if [ -s "$state/archived-key" ]; then
+    key=$(cat "$state/archived-key")
+    if [ -x "$bin/kubectl-settlement" ]; then
+      note "kubectl settlement archive get $key:"
+      (
+        export PATH="$bin:$PATH" KUBECONFIG="$kubeconfig" SETTLEMENT_ARCHIVE_URL
+        SETTLEMENT_ARCHIVE_URL=$(cat "$state/archive-url")
+        kubectl settlement archive get "$key"
+      ) 2>&1 | sed 's/^/      /' || {
+        note "^ expected the archived settlement"
+        failures=$((failures + 1))
+      }
+    else
+      note "the archive's row for $key (psql; cmd/kubectl-settlement is not in this checkout yet):"
+      psql_archive -v key="$key" <<<"SELECT name, state, reconciled, provider_ref, settled_at, archived_at
+        FROM settlements WHERE settlement_key = :'key';" 2>&1 | sed 's/^/      /' || failures=$((failures + 1))
+    fi
+  fi
+fi
+
+step "$n. the provider's ledger (GET $billing_url/_admin/ledger), per settlement key${archive:+; records counted in the cluster and in the archive}"
+if ! "$bin/demo" report -kubeconfig "$kubeconfig" -namespace "$ns" -billing-url "$billing_url" -expect-quarantined 1 \
+  ${archive:+-archive-url-file "$state/archive-url"}; then
   failures=$((failures + 1))
 fi
 if [ "$failures" -eq 0 ]; then
@@ -315,6 +513,9 @@ cat >"$state/env" <<EOF
 export KUBECONFIG=$kubeconfig
 export PATH="$bin:\$PATH"
 EOF
+if [ -n "$archive" ]; then
+  echo "export SETTLEMENT_ARCHIVE_URL=\"\$(cat $state/archive-url)\"" >>"$state/env"
+fi
 
 if [ "${DEMO_EXIT:-}" = 1 ]; then
   [ "$failures" -eq 0 ] || exit 1
@@ -341,8 +542,25 @@ Take the billing provider down for 20s, and read its ledger:
   curl -X POST $billing_url/_admin/faults -d '{"down_for_ms":20000}'
   curl -s $billing_url/_admin/ledger
 
+EOF
+if [ -n "$archive" ]; then
+  cat <<EOF
+The archive (PostgreSQL on 127.0.0.1:$pg_port, database settlement_archive; the URL, with
+its password, is in $state/archive-url):
+
+  psql "\$SETTLEMENT_ARCHIVE_URL" -c 'SELECT settlement_key, state, archived_at FROM settlements'   # $state/env sets it
+EOF
+  if [ -x "$bin/kubectl-settlement" ]; then
+    cat <<EOF
+  kubectl settlement archive list
+  kubectl settlement archive get '$(cat "$state/archived-key" 2>/dev/null || echo '<key|job-id|event-id|name>')'
+EOF
+  fi
+  echo
+fi
+cat <<EOF
 Metrics: curl -s http://127.0.0.1:$metrics_port/metrics | grep ^settlement_
-Logs:    $logs/{manager,fake-billing,control-plane}.log
+Logs:    $logs/{manager,fake-billing,control-plane${archive:+,postgres}}.log
 Stop:    Ctrl-C here (stops everything the demo started; DEMO_EXIT=1 make demo exits by itself)
 EOF
 [ -t 0 ] || echo "(no terminal on stdin: this keeps running until it gets SIGINT/SIGTERM; set DEMO_EXIT=1 to exit after the checks)"

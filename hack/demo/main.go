@@ -9,6 +9,12 @@
 //	demo post -url URL -data JSON                      POST JSON, print the answer (2xx or exit 1)
 //	demo settle -kubeconfig FILE [-namespace NS]       wait until every record is in a final or explicit state
 //	demo report -kubeconfig FILE -billing-url URL      print the ledger per settlement key; exit 1 if an invariant broke
+//	     [-archive-url-file FILE]                      … counting the records in the cluster and in the archive
+//	demo wait-archived -kubeconfig FILE -archive-url-file FILE
+//	                                                   wait until the Settled settlements have left the cluster for the archive
+//
+// The archive is read directly with SQL (internal/archive/migrations): the demo checks
+// the operator, so it does not go through the operator's own archive code.
 package main
 
 import (
@@ -30,6 +36,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
@@ -43,7 +50,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: demo control-plane|wait-http|post|settle|report [flags]")
+		fmt.Fprintln(os.Stderr, "usage: demo control-plane|wait-http|post|settle|report|wait-archived [flags]")
 		os.Exit(2)
 	}
 	commands := map[string]func([]string) error{
@@ -52,6 +59,7 @@ func main() {
 		"post":          post,
 		"settle":        settle,
 		"report":        report,
+		"wait-archived": waitArchived,
 	}
 	cmd, ok := commands[os.Args[1]]
 	if !ok {
@@ -316,7 +324,12 @@ func report(args []string) error {
 	ns := fs.String("namespace", "default", "namespace of the demo's objects")
 	billingURL := fs.String("billing-url", "", "fake billing provider base URL (required)")
 	quarantined := fs.Int("expect-quarantined", -1, "number of quarantine records expected (one per 409); -1 = do not check")
+	archiveURLFile := fs.String("archive-url-file", "", "file holding the archive's PostgreSQL URL: count the records it holds as well (empty = no archive)")
 	_ = fs.Parse(args)
+	archiveURL, err := readURLFile(*archiveURLFile)
+	if err != nil {
+		return err
+	}
 	c, err := newClient(*kubeconfig)
 	if err != nil {
 		return err
@@ -325,6 +338,29 @@ func report(args []string) error {
 	w, err := readWorld(ctx, c, *ns)
 	if err != nil {
 		return err
+	}
+	// With an archive, finished records leave the cluster: every check below runs on
+	// cluster ∪ archive (the cluster's copy where both hold one). The cluster is read
+	// first: the archiver deletes a record only after writing it, so one that moves
+	// between the two reads is in the second.
+	var arch archived
+	if archiveURL != "" {
+		conn, err := connectArchive(ctx, archiveURL)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		if arch, err = readArchive(ctx, conn, *ns); err != nil {
+			return err
+		}
+	}
+	events, eventsArchivedOnly := unionByName(w.events.Items, arch.events)
+	settlements, settlementsArchivedOnly := unionByName(w.settlements.Items, arch.settlements)
+	where := func(n int) string {
+		if archiveURL == "" {
+			return ""
+		}
+		return fmt.Sprintf(" (%d of them only in the archive)", n)
 	}
 	ledger, err := fetchLedger(*billingURL)
 	if err != nil {
@@ -374,7 +410,7 @@ func report(args []string) error {
 	fmt.Println("invariants:")
 
 	accepted, notFinal, q := 0, []string{}, 0
-	for _, e := range w.events.Items {
+	for _, e := range events {
 		if e.Status.Phase == hooksv1alpha1.EventQuarantined {
 			q++
 			continue
@@ -385,7 +421,7 @@ func report(args []string) error {
 		}
 	}
 	check(len(notFinal) == 0,
-		fmt.Sprintf("all %d accepted (2xx) events are Complete or in an explicit state", accepted),
+		fmt.Sprintf("all %d accepted (2xx) events are Complete or in an explicit state%s", accepted, where(eventsArchivedOnly)),
 		"events not in a final or explicit state: "+strings.Join(notFinal, ", "))
 	if *quarantined >= 0 {
 		check(q == *quarantined,
@@ -395,7 +431,7 @@ func report(args []string) error {
 
 	var notSettled, wrongCount []string
 	local := map[string]bool{}
-	for _, s := range w.settlements.Items {
+	for _, s := range settlements {
 		local[s.Spec.SettlementKey] = true
 		if s.Status.State != hooksv1alpha1.SettlementSettled {
 			why := orNew(string(s.Status.State))
@@ -412,8 +448,19 @@ func report(args []string) error {
 		}
 	}
 	check(len(notSettled) == 0,
-		fmt.Sprintf("all %d settlements are Settled", len(w.settlements.Items)),
+		fmt.Sprintf("all %d settlements are Settled%s", len(settlements), where(settlementsArchivedOnly)),
 		"settlements not Settled: "+strings.Join(notSettled, ", "))
+	if archiveURL != "" {
+		var early []string
+		for _, s := range arch.settlements {
+			if s.Status.State != hooksv1alpha1.SettlementSettled || !arch.reconciled[s.Name] {
+				early = append(early, fmt.Sprintf("%s (%s, reconciled=%t)", s.Spec.SettlementKey, orNew(string(s.Status.State)), arch.reconciled[s.Name]))
+			}
+		}
+		check(len(early) == 0,
+			fmt.Sprintf("the archive holds %d settlements, each Settled and confirmed by a reconciliation pass", len(arch.settlements)),
+			"archived before they were Settled and reconciled: "+strings.Join(early, ", "))
+	}
 	check(len(wrongCount) == 0,
 		fmt.Sprintf("the provider's ledger holds exactly one charge per settlement key (%d keys, %d records)", len(keys), len(ledger.Records)),
 		strings.Join(wrongCount, ", "))
@@ -423,8 +470,12 @@ func report(args []string) error {
 			unknown = append(unknown, k)
 		}
 	}
-	check(len(unknown) == 0, "no charge at the provider that the operator does not know about",
-		"charges at the provider without a local settlement: "+strings.Join(unknown, ", "))
+	known := "no charge at the provider that the operator does not know about"
+	if archiveURL != "" {
+		known += " (in the cluster or in the archive)"
+	}
+	check(len(unknown) == 0, known,
+		"charges at the provider without a settlement in the cluster or the archive: "+strings.Join(unknown, ", "))
 	if len(broken) > 0 {
 		return fmt.Errorf("%d invariant(s) broken", len(broken))
 	}
@@ -445,4 +496,257 @@ func fetchLedger(base string) (fakebilling.Ledger, error) {
 		return l, fmt.Errorf("decode the provider's ledger: %w", err)
 	}
 	return l, nil
+}
+
+// --- the archive ---------------------------------------------------------------------
+
+// archived is what the archive holds for a namespace: each row's object column, the
+// record as the cluster held it when it was archived.
+type archived struct {
+	events      []hooksv1alpha1.WebhookEvent
+	jobs        []hooksv1alpha1.JobCompletion
+	settlements []hooksv1alpha1.BillingSettlement
+	// reconciled is the settlements' reconciled column, by name.
+	reconciled map[string]bool
+}
+
+// readURLFile reads a URL kept in a file, as the demo keeps every secret (a password
+// in a URL on a command line would show in ps). An empty path is no URL.
+func readURLFile(path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+func connectArchive(ctx context.Context, url string) (*pgx.Conn, error) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the archive: %w", err)
+	}
+	return conn, nil
+}
+
+func readArchive(ctx context.Context, conn *pgx.Conn, ns string) (archived, error) {
+	var a archived
+	var err error
+	if a.events, err = archivedObjects[hooksv1alpha1.WebhookEvent](ctx, conn,
+		`SELECT object FROM event_receipts WHERE namespace = $1 ORDER BY name`, ns); err != nil {
+		return a, err
+	}
+	if a.jobs, err = archivedObjects[hooksv1alpha1.JobCompletion](ctx, conn,
+		`SELECT object FROM job_completions WHERE namespace = $1 ORDER BY name, version`, ns); err != nil {
+		return a, err
+	}
+	if a.settlements, err = archivedObjects[hooksv1alpha1.BillingSettlement](ctx, conn,
+		`SELECT object FROM settlements WHERE namespace = $1 ORDER BY name`, ns); err != nil {
+		return a, err
+	}
+	rows, err := conn.Query(ctx, `SELECT name, reconciled FROM settlements WHERE namespace = $1`, ns)
+	if err != nil {
+		return a, fmt.Errorf("read the archive: %w", err)
+	}
+	a.reconciled = map[string]bool{}
+	var name string
+	var reconciled bool
+	_, err = pgx.ForEachRow(rows, []any{&name, &reconciled}, func() error {
+		a.reconciled[name] = reconciled
+		return nil
+	})
+	if err != nil {
+		return a, fmt.Errorf("read the archive: %w", err)
+	}
+	return a, nil
+}
+
+func archivedObjects[T any](ctx context.Context, conn *pgx.Conn, query, ns string) ([]T, error) {
+	rows, err := conn.Query(ctx, query, ns)
+	if err != nil {
+		return nil, fmt.Errorf("read the archive (has the manager migrated its schema?): %w", err)
+	}
+	raws, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		return nil, fmt.Errorf("read the archive: %w", err)
+	}
+	out := make([]T, len(raws))
+	for i, raw := range raws {
+		if err := json.Unmarshal(raw, &out[i]); err != nil {
+			return nil, fmt.Errorf("decode an archived record: %w", err)
+		}
+	}
+	return out, nil
+}
+
+// unionByName is cluster ∪ archive by object name (the cluster's copy where both
+// hold one: the archiver writes and reads back before it deletes), and how many
+// records only the archive holds.
+func unionByName[T any, P interface {
+	*T
+	client.Object
+}](cluster, archive []T) ([]T, int) {
+	out := append([]T(nil), cluster...)
+	seen := map[string]bool{}
+	for i := range cluster {
+		seen[P(&cluster[i]).GetName()] = true
+	}
+	only := 0
+	for i := range archive {
+		if !seen[P(&archive[i]).GetName()] {
+			out = append(out, archive[i])
+			only++
+		}
+	}
+	return out, only
+}
+
+// waitArchived waits until the archiver has taken every Settled settlement out of
+// the cluster (each must be in the archive), writes one archived settlement's key for
+// the script to look up, then waits for a reconciliation pass that started after the
+// last one left and checks that it found no discrepancy but the quarantined event:
+// reconciliation must count the archive, or every archived charge would look unknown
+// to it and every applied job would look unbilled.
+func waitArchived(args []string) error {
+	fs := flag.NewFlagSet("wait-archived", flag.ExitOnError)
+	kubeconfig := fs.String("kubeconfig", "", "admin kubeconfig (required)")
+	ns := fs.String("namespace", "default", "namespace of the demo's objects")
+	archiveURLFile := fs.String("archive-url-file", "", "file holding the archive's PostgreSQL URL (required)")
+	timeout := fs.Duration("timeout", 90*time.Second, "give up after this long")
+	keyOut := fs.String("key-out", "", "write the settlement key of one settlement that left the cluster to this file")
+	_ = fs.Parse(args)
+	archiveURL, err := readURLFile(*archiveURLFile)
+	if err != nil {
+		return err
+	}
+	if *kubeconfig == "" || archiveURL == "" {
+		return errors.New("wait-archived: -kubeconfig and -archive-url-file are required")
+	}
+	c, err := newClient(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	conn, err := connectArchive(ctx, archiveURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+
+	start := time.Now()
+	lastPrint := time.Time{}
+	var w world
+	var a archived
+	var gone []hooksv1alpha1.BillingSettlement
+	for {
+		if w, err = readWorld(ctx, c, *ns); err != nil {
+			return err
+		}
+		if a, err = readArchive(ctx, conn, *ns); err != nil {
+			return err
+		}
+		inCluster := map[string]bool{}
+		var waiting []string
+		unconfirmed := 0
+		for _, s := range w.settlements.Items {
+			inCluster[s.Name] = true
+			if s.Status.State == hooksv1alpha1.SettlementSettled {
+				why := "Reconciled"
+				if !apimeta.IsStatusConditionTrue(s.Status.Conditions, hooksv1alpha1.ConditionReconciled) {
+					why = "not Reconciled yet"
+					unconfirmed++
+				}
+				waiting = append(waiting, s.Spec.SettlementKey+" ("+why+")")
+			}
+		}
+		gone = gone[:0]
+		for _, s := range a.settlements {
+			if !inCluster[s.Name] {
+				gone = append(gone, s)
+			}
+		}
+		if len(waiting) == 0 && len(gone) > 0 {
+			break
+		}
+		if time.Since(start) > *timeout {
+			return fmt.Errorf("after %s, %d Settled settlement(s) are still in the cluster: %s",
+				*timeout, len(waiting), strings.Join(waiting, ", "))
+		}
+		if time.Since(lastPrint) >= 3*time.Second {
+			fmt.Printf("  waiting (%2.0fs): %d Settled settlement(s) in the cluster (%d not confirmed by a reconciliation pass yet), %d archived and gone\n",
+				time.Since(start).Seconds(), len(waiting), unconfirmed, len(gone))
+			lastPrint = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	done := time.Now()
+	fmt.Printf("every Settled settlement has left the cluster (%.1fs); the archive holds %d event receipts, %d job completions, %d settlements\n",
+		done.Sub(start).Seconds(), len(a.events), len(a.jobs), len(a.settlements))
+	fmt.Printf("still in the cluster: %d events, %d jobs, %d settlements\n",
+		len(w.events.Items), len(w.jobs.Items), len(w.settlements.Items))
+	sort.Slice(gone, func(i, j int) bool {
+		if gone[i].Spec.JobID != gone[j].Spec.JobID {
+			return gone[i].Spec.JobID < gone[j].Spec.JobID
+		}
+		return gone[i].Spec.SettlementKey < gone[j].Spec.SettlementKey
+	})
+	if *keyOut != "" {
+		if err := os.WriteFile(*keyOut, []byte(gone[0].Spec.SettlementKey+"\n"), 0o600); err != nil {
+			return err
+		}
+	}
+
+	// A pass whose window ends (it started) after the last settlement left.
+	after := done.Add(time.Second).Truncate(time.Second)
+	for {
+		var reports hooksv1alpha1.ReconciliationReportList
+		if err := c.List(ctx, &reports, client.InNamespace(*ns)); err != nil {
+			return fmt.Errorf("list reconciliation reports: %w", err)
+		}
+		for _, r := range reports.Items {
+			if r.Status.Phase != hooksv1alpha1.ReportCompleted || r.Spec.WindowEnd.Time.Before(after) {
+				continue
+			}
+			// A quarantine record is reported for a person to look at by design (the
+			// demo's 409); anything else means a pass mistook archived records for
+			// missing ones.
+			var unexpected, items []string
+			for _, t := range r.Status.ByType {
+				if t.Type != hooksv1alpha1.DiscrepancyEventQuarantined && t.Count > 0 {
+					unexpected = append(unexpected, fmt.Sprintf("%d %s", t.Count, t.Type))
+				}
+			}
+			if len(unexpected) == 0 {
+				fmt.Printf("reconciliation pass %s, after the settlements left: no discrepancy but the quarantined event (a person reviews it, by design)\n", r.Name)
+				return nil
+			}
+			for _, d := range r.Status.Items {
+				if d.Type != hooksv1alpha1.DiscrepancyEventQuarantined {
+					items = append(items, strings.TrimSpace(fmt.Sprintf("%s %s %s", d.Type, d.Object, d.ProviderRef)))
+				}
+			}
+			if len(items) > 4 {
+				items = append(items[:4], "…")
+			}
+			return fmt.Errorf("reconciliation pass %s, after the settlements left, reports %s (does it count the archive?): %s",
+				r.Name, strings.Join(unexpected, ", "), strings.Join(items, "; "))
+		}
+		if time.Since(done) > *timeout {
+			return fmt.Errorf("no reconciliation pass completed within %s after the settlements left", *timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
