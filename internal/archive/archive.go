@@ -76,8 +76,8 @@ func IsConflict(err error) bool {
 }
 
 // Open creates the pool. It does not connect: the archive may be down when the
-// manager starts, and receipt never depends on it. Call Migrate (MigrateUntilDone)
-// before anything else.
+// manager starts, and receipt never depends on it. Call Migrate (the manager runs
+// controllers.ArchiveMigrator) before anything else.
 func Open(cfg Config) (*Store, error) {
 	pc, err := pgxpool.ParseConfig(cfg.URL)
 	if err != nil {
@@ -147,9 +147,17 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return fmt.Errorf("lock the archive schema: %w", err)
 	}
 	defer func() { _, _ = conn.Exec(context.Background(), `SELECT pg_advisory_unlock(7410524)`) }()
-	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		return fmt.Errorf("create schema_migrations: %w", err)
+	// Only created when missing: a role with INSERT/SELECT only (the schema applied by a
+	// DBA) must be able to start, and CREATE ... IF NOT EXISTS needs CREATE on the schema.
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('schema_migrations') IS NOT NULL`).Scan(&exists); err != nil {
+		return fmt.Errorf("read schema_migrations: %w", err)
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+			version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return fmt.Errorf("create schema_migrations: %w", err)
+		}
 	}
 	for _, name := range names {
 		version, err := strconv.Atoi(strings.SplitN(name, "_", 2)[0])

@@ -256,3 +256,33 @@ func contains(s, sub string) bool {
 	}
 	return false
 }
+
+// A role that may only read and insert (the schema applied by a DBA or an earlier
+// start) can start the operator: Migrate creates nothing that exists.
+func TestMigrateAsInsertOnlyRole(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	db := fmt.Sprintf("t%d", dbs.Load())
+	for _, q := range []string{
+		`CREATE ROLE archiver LOGIN`,
+		`REVOKE CREATE ON SCHEMA public FROM PUBLIC`,
+		`GRANT USAGE ON SCHEMA public TO archiver`,
+		`GRANT SELECT, INSERT ON event_receipts, job_completions, settlements TO archiver`,
+		`GRANT SELECT ON schema_migrations TO archiver`,
+	} {
+		if err := s.ExecForTest(ctx, q); err != nil && !contains(err.Error(), "already exists") {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	limited, err := archive.Open(archive.Config{URL: fmt.Sprintf("postgres://archiver@127.0.0.1:%d/%s?sslmode=disable", server.Port, db)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer limited.Close()
+	if err := limited.Migrate(ctx); err != nil {
+		t.Fatalf("an insert-only role must be able to start: %v", err)
+	}
+	if err := limited.ArchiveSettlement(ctx, settled("limited")); err != nil {
+		t.Fatalf("an insert-only role must be able to archive: %v", err)
+	}
+}

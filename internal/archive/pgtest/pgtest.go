@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 )
@@ -24,8 +25,8 @@ type Server struct {
 	Port int
 }
 
-// binDirs are where Debian and upstream packages put the server binaries.
-var binDirs = []string{"/usr/lib/postgresql/17/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/15/bin", "/usr/local/pgsql/bin"}
+// binDirs are where upstream builds put the server binaries (Debian's are globbed).
+var binDirs = []string{"/usr/local/pgsql/bin"}
 
 // BinDir finds initdb and postgres: $PG_BIN, then PATH, then the packages' paths.
 func BinDir() (string, error) {
@@ -37,7 +38,9 @@ func BinDir() (string, error) {
 			return filepath.Dir(p), nil
 		}
 	}
-	for _, d := range binDirs {
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Sort(sort.Reverse(sort.StringSlice(dirs))) // the newest first
+	for _, d := range append(dirs, binDirs...) {
 		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
 			return d, nil
 		}
