@@ -8,21 +8,21 @@ import (
 // Outcomes label every answer; they are a closed set so the metric's cardinality is
 // bounded whatever senders do.
 const (
-	OutcomeAccepted          = "accepted"
-	OutcomeDuplicate         = "duplicate"
-	OutcomeIgnored           = "ignored"
-	OutcomeConflict          = "conflicting_event_reuse"
-	OutcomeMethodNotAllowed  = "method_not_allowed"
-	OutcomeUnsupportedType   = "unsupported_media_type"
-	OutcomeTooLarge          = "payload_too_large"
-	OutcomeUnknownProvider   = "unknown_provider"
-	OutcomeUnauthorized      = "invalid_signature"
-	OutcomeBadRequest        = "invalid_event"
-	OutcomeTooManyRequests   = "too_many_requests"
-	OutcomeUnavailable       = "unavailable"
-	OutcomeProviderNotReady  = "provider_not_ready"
+	OutcomeAccepted         = "accepted"
+	OutcomeDuplicate        = "duplicate"
+	OutcomeIgnored          = "ignored"
+	OutcomeConflict         = "conflicting_event_reuse"
+	OutcomeMethodNotAllowed = "method_not_allowed"
+	OutcomeUnsupportedType  = "unsupported_media_type"
+	OutcomeTooLarge         = "payload_too_large"
+	OutcomeUnknownProvider  = "unknown_provider"
+	OutcomeUnauthorized     = "invalid_signature"
+	OutcomeBadRequest       = "invalid_event"
+	OutcomeTooManyRequests  = "too_many_requests"
+	OutcomeUnavailable      = "unavailable"
+	OutcomeProviderNotReady = "provider_not_ready"
 	// OutcomeNotServed: the namespace is not one this deployment serves (--watch-namespaces).
-	OutcomeNotServed = "namespace_not_served"
+	OutcomeNotServed         = "namespace_not_served"
 	outcomeLabelUnknownValue = "unknown"
 )
 
