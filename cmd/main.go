@@ -72,7 +72,8 @@ func main() {
 		"Bound on each API-server call of a delivery; past it the delivery is answered 503.")
 	flag.StringVar(&archiveURL, "archive-database-url", "",
 		"PostgreSQL URL of the archive (docs/archive.md); prefer the ARCHIVE_DATABASE_URL environment variable from a Secret, since flags show in the pod spec. Empty: no archive, every record stays in the cluster.")
-	flag.Func("archive-max-conns", "Connections to the archive at most (8).", func(v string) error {
+	archiveCfg.MaxConns = 8
+	flag.Func("archive-max-conns", "Connections to the archive at most, per replica (8).", func(v string) error {
 		n, err := strconv.ParseInt(v, 10, 32)
 		if err != nil || n < 1 {
 			return errors.New("want a positive number")
