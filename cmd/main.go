@@ -50,6 +50,7 @@ func main() {
 		archiveCfg           archive.Config
 		archiveAfter         time.Duration
 		watchNamespaces      string
+		leaderElectionID     string
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080",
 		"Address the metrics endpoint binds to; \"0\" disables it.")
@@ -85,6 +86,8 @@ func main() {
 		"Bound on every statement on the archive's server.")
 	flag.DurationVar(&archiveAfter, "archive-after", controllers.DefaultArchiveAfter,
 		"How long a finished record stays in the cluster (for kubectl) before it is archived and removed.")
+	flag.StringVar(&leaderElectionID, "leader-election-id", "settlement-operator.hooks.settlement.dev",
+		"Name of the leader-election Lease; deployments sharding tenants with --watch-namespaces in one namespace need one each.")
 	flag.StringVar(&watchNamespaces, "watch-namespaces", "",
 		"Comma-separated namespaces this deployment serves (receiver and controllers); empty: all. Lets several deployments shard tenants.")
 	opts := zap.Options{Development: false}
@@ -119,7 +122,7 @@ func main() {
 		// The operator never reads managedFields; they are ~40% of each cached object.
 		Cache:                   cacheOpts,
 		LeaderElection:          enableLeaderElection,
-		LeaderElectionID:        "settlement-operator.hooks.settlement.dev",
+		LeaderElectionID:        leaderElectionID,
 		LeaderElectionNamespace: leaderNamespace,
 		// Release the lease on clean shutdown so a new leader takes over at once.
 		LeaderElectionReleaseOnCancel: true,

@@ -16,6 +16,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/archive/pgtest"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/test/fixtures"
 )
 
 // The archive specs run the whole operator with the archive on — a real PostgreSQL
@@ -264,6 +265,126 @@ var _ = Describe("the archive (docs/design.md §12)", Ordered, func() {
 		Expect(get(differs).DeletionTimestamp).To(BeNil())
 	})
 
+	It("never archives a refused settlement that presented no key, so its corrected twin is sent", func() {
+		ns := newTenant(hourly)
+		k := identity.FieldsSettlementKey(ns, "inference", "inv-1")
+		wrong := &hooksv1alpha1.BillingSettlement{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-stl-typo"},
+			Spec: hooksv1alpha1.BillingSettlementSpec{BillingProviderRef: fixtures.BillingProviderName, SettlementKey: k,
+				IdempotencyKey: identity.NamespacedIdempotencyKey(ns, k), Type: hooksv1alpha1.SettlementCharge,
+				Customer: "cus_inv", WebhookProvider: "inference", Amount: &hooksv1alpha1.Amount{Minor: 500, Currency: "USD"}},
+		}
+		Expect(k8s.Create(ctx, wrong)).To(Succeed())
+		Eventually(readyReason(wrong)).Should(Equal(hooksv1alpha1.ReasonInvalidIdentity))
+		Consistently(func() error { return k8s.Get(ctx, client.ObjectKeyFromObject(wrong), &hooksv1alpha1.BillingSettlement{}) }).
+			WithTimeout(3*time.Second).Should(Succeed(), "kept for review, not archived")
+		got, err := store.SettlementByKey(ctx, ns, k)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(got).To(BeNil(), "its keys are not reserved in the archive")
+
+		right := wrong.DeepCopy()
+		right.ObjectMeta = metav1.ObjectMeta{Namespace: ns, Name: identity.SettlementNameFor("inference", k)}
+		Expect(k8s.Create(ctx, right)).To(Succeed())
+		Eventually(stateOf(right)).Should(Equal(hooksv1alpha1.SettlementSettled), "the corrected settlement is sent")
+		Expect(posts(billing.CallsFor(right.Spec.IdempotencyKey))).To(Equal(1))
+	})
+
+	It("never charges again a keyFrom charge made before namespaced keys, once it is archived", func() {
+		withLines := func(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
+			wp.Spec.Routes = append(wp.Spec.Routes, hooksv1alpha1.Route{EventType: "invoice.paid",
+				Operations: []hooksv1alpha1.RouteOperation{{Type: hooksv1alpha1.OperationBillingSettlement,
+					ForEach: ".data.lines", Settlement: &hooksv1alpha1.SettlementMapping{
+						BillingProviderRef: "billing", KeyFrom: []string{".a", ".b"}, Customer: "$.data.customer",
+						Amount: &hooksv1alpha1.AmountMapping{Minor: ".cents", Currency: "USD"}}}}})
+		}
+		ns := newTenant(hourly, withLines)
+		legacyOf := func(a, b string) *hooksv1alpha1.BillingSettlement {
+			k, ok := identity.ParseSettlementKey(identity.FieldsSettlementKey(ns, "inference", a, b))
+			Expect(ok).To(BeTrue())
+			lk := k.LegacyKey()
+			return &hooksv1alpha1.BillingSettlement{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: identity.SettlementName("inference", lk),
+					Finalizers: []string{hooksv1alpha1.FinalizerSettlementProtection}},
+				Spec: hooksv1alpha1.BillingSettlementSpec{BillingProviderRef: "billing", SettlementKey: lk,
+					IdempotencyKey: identity.IdempotencyKey(lk), Type: hooksv1alpha1.SettlementCharge, Customer: "cus_leg",
+					WebhookProvider: "inference", Amount: &hooksv1alpha1.Amount{Minor: 100, Currency: "USD"}},
+			}
+		}
+		archivedLegacy := legacyOf("inv", "1")
+		Expect(k8s.Create(ctx, archivedLegacy)).To(Succeed())
+		Eventually(stateOf(archivedLegacy)).Should(Equal(hooksv1alpha1.SettlementSettled))
+		confirm(archivedLegacy)
+		goneFromCluster(ns, archivedLegacy.Name, &hooksv1alpha1.BillingSettlement{})
+
+		body := `{"type":"invoice.paid","data":{"customer":"cus_leg","lines":[{"a":"inv","b":"1","cents":100}]}}`
+		sendOK(ns, "msg-after-upgrade", body)
+		Eventually(func() hooksv1alpha1.OperationOutcome {
+			ev := &hooksv1alpha1.WebhookEvent{}
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.EventName(ns, "inference", "msg-after-upgrade")}, ev); err != nil {
+				return ""
+			}
+			if len(ev.Status.Operations) == 0 {
+				return ""
+			}
+			return ev.Status.Operations[0].Outcome
+		}).Should(Equal(hooksv1alpha1.OutcomeLinked), "linked to the archived legacy charge")
+		newIdem := identity.NamespacedIdempotencyKey(ns, identity.FieldsSettlementKey(ns, "inference", "inv", "1"))
+		Consistently(func() int { return posts(billing.CallsFor(newIdem)) }).WithTimeout(3*time.Second).Should(BeZero(),
+			"the line charged before the upgrade is not charged again under its new key")
+	})
+
+	It("lets a never-sent settlement a person deleted go without archiving it; its event shows it deleted", func() {
+		ns := newTenant(hourly, func(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
+			wp.Spec.Routes[0].Operations[1].Settlement.BillingProviderRef = "absent"
+		})
+		sendOK(ns, "msg-arc-absent", jobEvent("job-arc-absent", 1, 5))
+		bs := &hooksv1alpha1.BillingSettlement{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: stlName("job-arc-absent")}}
+		Eventually(func() hooksv1alpha1.Exposure {
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(bs), bs); err != nil {
+				return ""
+			}
+			return bs.Status.Exposure
+		}).Should(Equal(hooksv1alpha1.ExposureNone))
+		Expect(k8s.Delete(ctx, bs)).To(Succeed())
+		goneFromCluster(ns, bs.Name, &hooksv1alpha1.BillingSettlement{})
+		got, err := store.Settlement(ctx, ns, bs.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(got).To(BeNil(), "not archived: it never presented its key")
+		redispatch(ns, "msg-arc-absent")
+		Eventually(eventPhase(ns, "msg-arc-absent")).Should(Equal(hooksv1alpha1.EventRequiresReconciliation))
+		// The job stays in the cluster: it is billable and has no charge anywhere, which
+		// the reconciliation pass reports (JobWithoutSettlement) only while it is here.
+		Consistently(func() error {
+			return k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: jobName("job-arc-absent")}, &hooksv1alpha1.JobCompletion{})
+		}).WithTimeout(4 * time.Second).Should(Succeed())
+	})
+
+	It("archives a settlement an older operator wrote only once it has an exposure, and lets it go", func() {
+		ns := newTenant(hourly)
+		bs := handMade(ns, "legacy-exposure/1", "cus_legexp", 300, "USD")
+		Expect(k8s.Create(ctx, bs)).To(Succeed())
+		Eventually(stateOf(bs)).Should(Equal(hooksv1alpha1.SettlementSettled))
+		// As an older operator left it: no exposure field, confirmed by an older pass.
+		cur := get(bs)
+		base := cur.DeepCopy()
+		cur.Status.Exposure = ""
+		cur.Status.Conditions = append(cur.Status.Conditions, metav1.Condition{Type: hooksv1alpha1.ConditionReconciled,
+			Status: metav1.ConditionTrue, Reason: hooksv1alpha1.ReasonConfirmedByProvider, Message: "confirmed by an older pass",
+			LastTransitionTime: metav1.Now(), ObservedGeneration: cur.Generation})
+		Expect(k8s.Status().Patch(ctx, cur, client.MergeFrom(base))).To(Succeed())
+		Consistently(func() bool { return get(bs).DeletionTimestamp.IsZero() }).WithTimeout(3*time.Second).Should(BeTrue(),
+			"not archived before its controller gave it an exposure")
+		// Its controller's next look (at start, or on any change) fills the exposure in.
+		cur = get(bs)
+		patch := client.MergeFrom(cur.DeepCopy())
+		cur.Annotations = map[string]string{"example.com/touched": "yes"}
+		Expect(k8s.Patch(ctx, cur, patch)).To(Succeed())
+		goneFromCluster(ns, bs.Name, &hooksv1alpha1.BillingSettlement{})
+		got, err := store.Settlement(ctx, ns, bs.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(got.Status.Exposure).To(Equal(hooksv1alpha1.ExposureConfirmed))
+	})
+
 	It("supersedes v1 after an archived v2 and charges nothing for it", func() {
 		ns := reconcilingTenant()
 		settledAndArchived(ns, "msg-arc-v2", "job-arc-order", 2, 30)
@@ -371,5 +492,16 @@ var _ = Describe("the archive (docs/design.md §12)", Ordered, func() {
 					"the archived job and settlement are never missing: %s", item.Message)
 			}
 		}
+
+		// A record under an archived key is compared with the archived settlement, not
+		// waved through: a second record under the key is reported.
+		archivedBS, err := store.Settlement(ctx, ns, stlName("job-arc-rec"))
+		Expect(err).NotTo(HaveOccurred())
+		billing.ForgetKeys()
+		importRecord(archivedBS, "st_second_arc", 0)
+		d = finding(ns, hooksv1alpha1.DiscrepancyAmountMismatch, func(d hooksv1alpha1.Discrepancy) bool {
+			return d.ProviderRef == "st_second_arc"
+		})
+		Expect(d.Object).To(ContainSubstring("(archived)"))
 	})
 })

@@ -10,10 +10,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -22,6 +25,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
 )
 
 // ArchiverControllerName prefixes the archiver's controllers (one per kind).
@@ -142,7 +146,10 @@ func finished(obj client.Object) (bool, time.Time) {
 		return true, laterOf(o.CreationTimestamp.Time, readySince(o.Status.Conditions, hooksv1alpha1.ConditionReady))
 	case *hooksv1alpha1.BillingSettlement:
 		st := &o.Status
-		if st.ObservedGeneration != o.Generation || HoldsMoney(st) {
+		// Not while it holds money, not before its controller gave it an exposure (an
+		// older operator's record: the content archived must be what it will say on its
+		// way out), and not while a replay or a reconcile request waits to be acted on.
+		if st.ObservedGeneration != o.Generation || HoldsMoney(st) || st.Exposure == "" || requestPending(o) {
 			return false, time.Time{}
 		}
 		switch st.State {
@@ -153,16 +160,28 @@ func finished(obj client.Object) (bool, time.Time) {
 			}
 			return true, laterOf(timeOf(st.SettledAt), readySince(st.Conditions, hooksv1alpha1.ConditionReconciled))
 		case hooksv1alpha1.SettlementFailed:
-			// Refused, nothing charged; a dead-lettered one waits for its replay, and a
-			// refused duplicate of an archived settlement waits for review (the archive
-			// holds its name already).
-			if meta.IsStatusConditionTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered) || archivedDuplicate(o) {
+			// Refused by the provider, nothing charged. A dead-lettered one waits for its
+			// replay; one that never presented its key anywhere (an invalid identity, a
+			// refused duplicate of an archived settlement) waits for review: archiving it
+			// would reserve keys it never used.
+			if meta.IsStatusConditionTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered) || neverSent(o) {
 				return false, time.Time{}
 			}
 			return true, laterOf(o.CreationTimestamp.Time, readySince(st.Conditions, hooksv1alpha1.ConditionReady))
 		}
 	}
 	return false, time.Time{}
+}
+
+// requestPending reports a replay or reconcile request its controller has not acted on.
+func requestPending(bs *hooksv1alpha1.BillingSettlement) bool {
+	if t := bs.Annotations[hooksv1alpha1.AnnotationReplay]; t != "" && (bs.Status.Replay == nil || bs.Status.Replay.LastToken != truncateToken(t)) {
+		return true
+	}
+	if t := bs.Annotations[hooksv1alpha1.AnnotationReconcileRequest]; t != "" && bs.Status.ReconcileRequest != truncateToken(t) {
+		return true
+	}
+	return false
 }
 
 func timeOf(t *metav1.Time) time.Time {
@@ -193,8 +212,84 @@ func (a *Archiver) after() time.Duration {
 	return DefaultArchiveAfter
 }
 
+// held says why a finished record must still stay in the cluster ("" when it may go):
+// the reconciliation pass reads the cluster, so a record whose counterpart it still
+// has to compare it with stays until that comparison is over.
+type held func(ctx context.Context, obj client.Object) (string, error)
+
+// jobHeld keeps a JobCompletion while its job's charge is still in the cluster (the
+// pass compares the two), and while a succeeded job of a billable provider has no
+// charge anywhere (the pass reports it as JobWithoutSettlement until someone acts).
+func (a *Archiver) jobHeld(ctx context.Context, obj client.Object) (string, error) {
+	jc := obj.(*hooksv1alpha1.JobCompletion)
+	name := identity.SettlementName(jc.Spec.Provider, identity.DefaultSettlementKey(jc.Spec.Provider, jc.Spec.JobID))
+	err := a.Get(ctx, types.NamespacedName{Namespace: jc.Namespace, Name: name}, &hooksv1alpha1.BillingSettlement{})
+	if err == nil {
+		return "its charge is still in the cluster", nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return "", err
+	}
+	got, err := a.Archive.Settlement(ctx, jc.Namespace, name)
+	noteArchive("BillingSettlement", err)
+	if err != nil || got != nil {
+		return "", err
+	}
+	if jc.Spec.Completion.State != hooksv1alpha1.JobSucceeded {
+		return "", nil
+	}
+	var wp hooksv1alpha1.WebhookProvider
+	if err := a.Get(ctx, types.NamespacedName{Namespace: jc.Namespace, Name: jc.Spec.Provider}, &wp); err != nil {
+		return "", client.IgnoreNotFound(err)
+	}
+	if chargesJobs(&wp) {
+		return "a billable job without a charge, reported by the reconciliation pass", nil
+	}
+	return "", nil
+}
+
+// chargesJobs reports whether a webhook provider charges one settlement per job.
+func chargesJobs(wp *hooksv1alpha1.WebhookProvider) bool {
+	for _, route := range wp.Spec.Routes {
+		for _, op := range route.Operations {
+			if s := op.Settlement; s != nil && len(s.KeyFrom) == 0 && s.JobID != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// settlementHeld keeps a settled charge for a job that did not succeed and that no
+// compensation reverses: the pass reports it for a refund until someone decides.
+func (a *Archiver) settlementHeld(ctx context.Context, obj client.Object) (string, error) {
+	bs := obj.(*hooksv1alpha1.BillingSettlement)
+	if bs.Status.State != hooksv1alpha1.SettlementSettled || bs.Spec.JobID == "" || bs.Spec.WebhookProvider == "" ||
+		(bs.Spec.Type != "" && bs.Spec.Type != hooksv1alpha1.SettlementCharge) || len(bs.Status.ReversedBy) > 0 {
+		return "", nil
+	}
+	var jc hooksv1alpha1.JobCompletion
+	err := a.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: identity.JobCompletionName(bs.Spec.WebhookProvider, bs.Spec.JobID)}, &jc)
+	if apierrors.IsNotFound(err) {
+		got, aerr := a.Archive.LatestJob(ctx, bs.Namespace, bs.Spec.WebhookProvider, bs.Spec.JobID)
+		noteArchive("JobCompletion", aerr)
+		if aerr != nil || got == nil {
+			return "", aerr
+		}
+		jc, err = *got, nil
+	}
+	if err != nil {
+		return "", err
+	}
+	if jc.Spec.Completion.State != hooksv1alpha1.JobSucceeded {
+		return "charged for a job that ended " + string(jc.Spec.Completion.State) + " and no compensation reverses it", nil
+	}
+	return "", nil
+}
+
 // archiveOne is one kind's reconcile.
-func (a *Archiver) archiveOne(kind string, newObj func() client.Object, insert func(context.Context, client.Object) error) reconcile.Func {
+func (a *Archiver) archiveOne(kind string, newObj func() client.Object, insert func(context.Context, client.Object) error,
+	hold held) reconcile.Func {
 	return func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 		obj := newObj()
 		if err := a.Get(ctx, req.NamespacedName, obj); err != nil {
@@ -209,6 +304,16 @@ func (a *Archiver) archiveOne(kind string, newObj func() client.Object, insert f
 		}
 		if wait := since.Add(a.after()).Sub(a.now()); wait > 0 {
 			return ctrl.Result{RequeueAfter: wait}, nil
+		}
+		if hold != nil {
+			why, err := hold(ctx, obj)
+			if err != nil {
+				return ctrl.Result{RequeueAfter: archiveRetry}, nil
+			}
+			if why != "" {
+				log.FromContext(ctx).V(1).Info("finished, kept in the cluster", "kind", kind, "why", why)
+				return ctrl.Result{RequeueAfter: a.after()}, nil
+			}
 		}
 		err := insert(ctx, obj)
 		noteArchive(kind, err)
@@ -251,26 +356,43 @@ func (a *Archiver) SetupWithManager(mgr ctrl.Manager) error {
 		name   string
 		obj    func() client.Object
 		insert func(context.Context, client.Object) error
+		hold   held
 	}{
 		{"WebhookEvent", func() client.Object { return &hooksv1alpha1.WebhookEvent{} },
 			func(ctx context.Context, o client.Object) error {
 				return a.Archive.ArchiveEvent(ctx, o.(*hooksv1alpha1.WebhookEvent))
-			}},
+			}, nil},
 		{"JobCompletion", func() client.Object { return &hooksv1alpha1.JobCompletion{} },
 			func(ctx context.Context, o client.Object) error {
 				return a.Archive.ArchiveJobCompletion(ctx, o.(*hooksv1alpha1.JobCompletion))
-			}},
+			}, a.jobHeld},
 		{"BillingSettlement", func() client.Object { return &hooksv1alpha1.BillingSettlement{} },
 			func(ctx context.Context, o client.Object) error {
 				return a.Archive.ArchiveSettlement(ctx, o.(*hooksv1alpha1.BillingSettlement))
-			}},
+			}, a.settlementHeld},
 	}
 	for _, k := range kinds {
-		if err := ctrl.NewControllerManagedBy(mgr).
+		b := ctrl.NewControllerManagedBy(mgr).
 			Named(ArchiverControllerName+"-"+lower(k.name)).
 			For(k.obj(), builder.WithPredicates(finishedPredicate)).
-			WithOptions(controller.Options{MaxConcurrentReconciles: max(a.MaxConcurrentReconciles, 1)}).
-			Complete(a.archiveOne(k.name, k.obj, k.insert)); err != nil {
+			WithOptions(controller.Options{MaxConcurrentReconciles: max(a.MaxConcurrentReconciles, 1)})
+		if k.name == "JobCompletion" {
+			// A job waits for its charge to leave: its leaving lets the job go.
+			b = b.Watches(&hooksv1alpha1.BillingSettlement{}, handler.EnqueueRequestsFromMapFunc(
+				func(_ context.Context, o client.Object) []reconcile.Request {
+					bs := o.(*hooksv1alpha1.BillingSettlement)
+					if bs.Spec.JobID == "" || bs.Spec.WebhookProvider == "" {
+						return nil
+					}
+					return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: bs.Namespace,
+						Name: identity.JobCompletionName(bs.Spec.WebhookProvider, bs.Spec.JobID)}}}
+				}), builder.WithPredicates(predicate.Funcs{
+				CreateFunc: func(event.CreateEvent) bool { return false },
+				UpdateFunc: func(event.UpdateEvent) bool { return false },
+				DeleteFunc: func(event.DeleteEvent) bool { return true },
+			}))
+		}
+		if err := b.Complete(a.archiveOne(k.name, k.obj, k.insert, k.hold)); err != nil {
 			return err
 		}
 	}

@@ -94,8 +94,7 @@ func (r *BillingSettlementReconciler) checkArchive(ctx context.Context, s *settl
 		(st.State != hooksv1alpha1.SettlementPending && st.State != "") {
 		return ctrl.Result{}, nil
 	}
-	prior, err := r.Archive.SettlementFor(ctx, bs)
-	noteArchive("BillingSettlement", err)
+	prior, err := archivedOperation(ctx, r.Archive, bs)
 	if err != nil {
 		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonArchiveUnavailable,
 			"waiting for the archive: it must say whether this key was charged before anything is sent")
@@ -657,16 +656,15 @@ func failureObservation(err error, now time.Time, st *hooksv1alpha1.BillingSettl
 // found nothing can be pending at the provider under its key.
 func (r *BillingSettlementReconciler) release(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
 	bs := s.bs
-	if r.Archive != nil && controllerutil.ContainsFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection) {
+	if r.Archive != nil && !neverSent(bs) && controllerutil.ContainsFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection) {
 		// A financial record leaves the cluster only once it is in the archive and read
 		// back (docs/design.md §12); the archiver put it there already, or it goes now.
+		// One that never presented its key anywhere is no financial record: it goes as
+		// without an archive (its events show it deleted; nothing reserves its keys).
 		err := r.Archive.ArchiveSettlement(ctx, bs)
 		noteArchive("BillingSettlement", err)
 		switch {
 		case err == nil:
-		case archive.IsConflict(err) && neverSent(bs):
-			// Another record with its name or key is archived (this one was refused as
-			// its duplicate, or never sent): it moved nothing, so nothing is lost.
 		case archive.IsConflict(err):
 			r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonArchiveConflict,
 				"deletion is held: the archive holds other content under this settlement's name or key; it stays until a human reviews both")

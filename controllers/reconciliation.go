@@ -356,8 +356,56 @@ func (r *BillingProviderReconciler) archivedJobNames(ctx context.Context, ns str
 	return r.Archive.KnownJobNames(ctx, ns, names)
 }
 
-func (r *BillingProviderReconciler) archivedIdempotencyKeys(ctx context.Context, ns string, keys []string) (map[string]bool, error) {
-	return r.Archive.KnownIdempotencyKeys(ctx, ns, keys)
+// compareUnknown reports the provider's records that no settlement in the cluster
+// knows: those the archive does not know either, and those whose archived settlement
+// they do not prove (another record, other content, or a settlement archived as
+// Failed that the provider holds). An archived record is final, so nothing is
+// repaired automatically: a human looks.
+func (r *BillingProviderReconciler) compareUnknown(ctx context.Context, ns string, recs []billing.Record, p *passState) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	archived := map[string]*hooksv1alpha1.BillingSettlement{}
+	if r.Archive != nil {
+		keys := make([]string, 0, len(recs))
+		for _, rec := range recs {
+			keys = append(keys, rec.IdempotencyKey)
+		}
+		var err error
+		archived, err = r.Archive.SettlementsByIdempotencyKey(ctx, ns, keys)
+		noteArchive("BillingSettlement", err)
+		if err != nil {
+			return fmt.Errorf("%w: compare with the archive: %v", errArchiveUnavailable, err)
+		}
+		p.examined["Archived"] += int32(len(archived))
+	}
+	for _, rec := range recs {
+		bs, ok := archived[rec.IdempotencyKey]
+		if !ok {
+			p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyProviderRecordWithoutSettlement,
+				ProviderRef: rec.ID, Action: hooksv1alpha1.RepairManualReview,
+				Message: fmt.Sprintf("the provider has %s %s for key %q (settlement key %q) that no local or archived settlement knows",
+					rec.Type, rec.Status, rec.IdempotencyKey, rec.SettlementKey)})
+			continue
+		}
+		object := "BillingSettlement/" + bs.Name + " (archived)"
+		switch {
+		case r.notProvablyOurs(ctx, bs, rec) != "":
+			p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyAmountMismatch, Object: object, ProviderRef: rec.ID,
+				Action: hooksv1alpha1.RepairManualReview, Message: r.notProvablyOurs(ctx, bs, rec)})
+		case bs.Status.State == hooksv1alpha1.SettlementSettled && bs.Status.ProviderRef != "" && rec.ID != bs.Status.ProviderRef:
+			p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyAmountMismatch, Object: object, ProviderRef: rec.ID,
+				Action: hooksv1alpha1.RepairManualReview,
+				Message: fmt.Sprintf("the provider has record %s under key %s, but the archived settlement recorded %s: more than one record under one key",
+					rec.ID, bs.Spec.IdempotencyKey, bs.Status.ProviderRef)})
+		case bs.Status.State != hooksv1alpha1.SettlementSettled && (rec.Status == billing.StatusSettled || rec.Status == billing.StatusPending):
+			p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyProviderSettledLocalPending, Object: object, ProviderRef: rec.ID,
+				Action: hooksv1alpha1.RepairManualReview,
+				Message: fmt.Sprintf("the provider has %s %s under key %s, but the settlement was archived as %s; archived records are final: review it",
+					rec.ID, rec.Status, bs.Spec.IdempotencyKey, orNew(bs.Status.State))})
+		}
+	}
+	return nil
 }
 
 // failedChild names a child of ev in state Failed, if any.
@@ -449,7 +497,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 		if err != nil {
 			return fmt.Errorf("list the provider's records: %w", err)
 		}
-		var unknown []archivedCheck
+		var unknown []billing.Record
 		for _, rec := range recs {
 			records++
 			seen[rec.IdempotencyKey] = true
@@ -461,11 +509,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 			}
 			bs, ok := byKey[rec.IdempotencyKey]
 			if !ok {
-				unknown = append(unknown, archivedCheck{key: rec.IdempotencyKey, d: hooksv1alpha1.Discrepancy{
-					Type:        hooksv1alpha1.DiscrepancyProviderRecordWithoutSettlement,
-					ProviderRef: rec.ID, Action: hooksv1alpha1.RepairManualReview,
-					Message: fmt.Sprintf("the provider has %s %s for key %q (settlement key %q) that no local or archived settlement knows",
-						rec.Type, rec.Status, rec.IdempotencyKey, rec.SettlementKey)}})
+				unknown = append(unknown, rec)
 				continue
 			}
 			if why := r.notProvablyOurs(ctx, bs, rec); why != "" {
@@ -501,8 +545,8 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 				r.markReconciled(ctx, bs, rec, now)
 			}
 		}
-		// A record whose settlement left for the archive is known.
-		if err := r.addUnlessArchived(ctx, bp.Namespace, unknown, p, r.archivedIdempotencyKeys); err != nil {
+		// A record whose settlement left for the archive is compared with the archived one.
+		if err := r.compareUnknown(ctx, bp.Namespace, unknown, p); err != nil {
 			return err
 		}
 		pages++

@@ -74,6 +74,15 @@ func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	case ev.Spec.Quarantine != nil:
 		r.quarantined(&ev)
 	case len(ev.Spec.JobCompletions) == 0 && len(ev.Spec.Settlements) == 0:
+		// A stored unrouted event is deduplicated across the archive like any other.
+		if res, gone, cerr := r.checkArchivedReceipt(ctx, &ev); gone || cerr != nil || !res.IsZero() {
+			if !gone {
+				if _, perr := patchStatus(ctx, r.Client, &ev, before, false); perr != nil {
+					return ctrl.Result{}, perr
+				}
+			}
+			return res, cerr
+		}
 		ev.Status.Phase = hooksv1alpha1.EventIgnored
 		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
 			hooksv1alpha1.ReasonAllOperationsDone, "no route matched the event type; stored for the record only")
@@ -561,13 +570,13 @@ func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alph
 	if apierrors.IsNotFound(err) && r.Archive != nil {
 		// Archived is not missing: the archived settlement is this key's record, so
 		// the event links to it (or conflicts with it) and nothing is created again.
-		got, aerr := r.Archive.Settlement(ctx, ev.Namespace, name)
-		noteArchive("BillingSettlement", aerr)
+		got, aerr := archivedOperation(ctx, r.Archive, want)
 		if aerr != nil {
 			return op, fmt.Errorf("%w: look up settlement %s: %v", errArchiveUnavailable, name, aerr)
 		}
 		if got != nil {
 			bs, err = *got, nil
+			op.Child = bs.Name
 		}
 	}
 	if apierrors.IsNotFound(err) && prev.Outcome == hooksv1alpha1.OutcomeSuperseded {

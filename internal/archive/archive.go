@@ -10,6 +10,7 @@
 package archive
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"embed"
@@ -24,6 +25,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
@@ -52,6 +54,18 @@ type Config struct {
 type Store struct {
 	pool     *pgxpool.Pool
 	migrated atomic.Bool
+	// callTimeout bounds every call on the client side as well (the statement timeout
+	// plus a margin): a server that silently stops answering must not hold a
+	// reconciler's worker for the minutes TCP keepalive takes to notice.
+	callTimeout time.Duration
+}
+
+// bound gives a call its client-side deadline.
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.callTimeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, s.callTimeout)
 }
 
 // ErrNotReady is returned until the schema has been migrated.
@@ -108,7 +122,7 @@ func Open(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("archive pool: %w", err)
 	}
-	return &Store{pool: pool}, nil
+	return &Store{pool: pool, callTimeout: timeout + 2*time.Second}, nil
 }
 
 // Close closes the pool.
@@ -210,8 +224,12 @@ func objectJSON(obj any, kind string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Numbers stay exact (a version or sequence may be a nanosecond timestamp, past
+	// float64's 2^53).
 	var m map[string]any
-	if err := json.Unmarshal(raw, &m); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if err := dec.Decode(&m); err != nil {
 		return nil, err
 	}
 	m["apiVersion"] = hooksv1alpha1.GroupVersion.String()
@@ -240,7 +258,16 @@ func (s *Store) insertReadBack(ctx context.Context, kind, ns, name, insert strin
 	if err := s.ready(); err != nil {
 		return err
 	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	if _, err := s.pool.Exec(ctx, insert, args...); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
+			// A data exception (say, a NUL character): this record can never be
+			// archived as it is; retrying would only report the archive as down.
+			return &ConflictError{Kind: kind, Namespace: ns, Name: name,
+				Detail: "the archive refuses its content (SQLSTATE " + pgErr.Code + ")"}
+		}
 		return fmt.Errorf("archive %s %s/%s: %w", kind, ns, name, err)
 	}
 	var stored []byte
@@ -261,7 +288,8 @@ func (s *Store) insertReadBack(ctx context.Context, kind, ns, name, insert strin
 		return &ConflictError{Kind: kind, Namespace: ns, Name: name, Detail: "the archived row has other content (a different object or outcome under the same name)"}
 	}
 	if got != want {
-		return fmt.Errorf("read back %s %s/%s: the stored object does not match its content hash", kind, ns, name)
+		return &ConflictError{Kind: kind, Namespace: ns, Name: name,
+			Detail: "the stored object does not read back as what was archived (its encoding lost something)"}
 	}
 	return nil
 }

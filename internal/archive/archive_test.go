@@ -286,3 +286,37 @@ func TestMigrateAsInsertOnlyRole(t *testing.T) {
 		t.Fatalf("an insert-only role must be able to archive: %v", err)
 	}
 }
+
+// A version (or sequence) past float64's 2^53 — a nanosecond timestamp, a Snowflake
+// ID — is archived exactly (it was rounded on its way through a map[string]any, and
+// the read-back then failed on every retry).
+func TestLargeNumbersStayExact(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	v := int64(1732968000123456789)
+	jc := &hooksv1alpha1.JobCompletion{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-a", Name: "acme-job-x", UID: "uid-jc", CreationTimestamp: metav1.Now()},
+		Spec: hooksv1alpha1.JobCompletionSpec{Provider: "acme", JobID: "x",
+			Completion: hooksv1alpha1.Completion{Version: v, State: hooksv1alpha1.JobSucceeded, SourceEvent: "acme-e"}},
+		Status: hooksv1alpha1.JobCompletionStatus{State: hooksv1alpha1.JobCompletionApplied, AppliedVersion: &v},
+	}
+	if err := s.ArchiveJobCompletion(ctx, jc); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.LatestJob(ctx, "tenant-a", "acme", "x")
+	if err != nil || got == nil || got.Spec.Completion.Version != v {
+		t.Fatalf("version read back %v (want %d): %v", got, v, err)
+	}
+}
+
+// Content PostgreSQL cannot hold (a NUL character) is a permanent refusal, named as
+// such, never "the archive is down" retried forever.
+func TestUnstorableContentIsNotAnOutage(t *testing.T) {
+	s := newStore(t)
+	bs := settled("nul")
+	bs.Spec.Customer = "cus\x00_1"
+	err := s.ArchiveSettlement(context.Background(), bs)
+	if !archive.IsConflict(err) {
+		t.Fatalf("want a permanent refusal, got %v", err)
+	}
+}

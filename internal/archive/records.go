@@ -215,6 +215,8 @@ func (s *Store) Event(ctx context.Context, namespace, provider, eventID string) 
 	if err := s.ready(); err != nil {
 		return nil, err
 	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	var e EventReceipt
 	err := s.pool.QueryRow(ctx, `SELECT namespace, name, uid, provider, event_id, event_type, payload_hash, phase, received_at, archived_at
 		FROM event_receipts WHERE namespace = $1 AND provider = $2 AND event_id = $3`, namespace, provider, eventID).
@@ -234,6 +236,8 @@ func (s *Store) LatestJob(ctx context.Context, namespace, provider, jobID string
 	if err := s.ready(); err != nil {
 		return nil, err
 	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	var raw []byte
 	err := s.pool.QueryRow(ctx, `SELECT object FROM job_completions WHERE namespace = $1 AND provider = $2 AND job_id = $3
 		ORDER BY version DESC LIMIT 1`, namespace, provider, jobID).Scan(&raw)
@@ -264,6 +268,8 @@ func (s *Store) oneSettlement(ctx context.Context, where string, args ...any) (*
 	if err := s.ready(); err != nil {
 		return nil, err
 	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	var raw []byte
 	err := s.pool.QueryRow(ctx, `SELECT object FROM settlements WHERE `+where, args...).Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -284,6 +290,8 @@ func (s *Store) Reversing(ctx context.Context, namespace, name string) ([]hooksv
 	if err := s.ready(); err != nil {
 		return nil, err
 	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	rows, err := s.pool.Query(ctx, `SELECT object FROM settlements WHERE namespace = $1 AND reverses = $2`, namespace, name)
 	if err != nil {
 		return nil, fmt.Errorf("list archived compensations: %w", err)
@@ -330,6 +338,8 @@ func (s *Store) known(ctx context.Context, q, namespace string, keys []string) (
 	if err := s.ready(); err != nil {
 		return nil, err
 	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
 	rows, err := s.pool.Query(ctx, q, namespace, keys)
 	if err != nil {
 		return nil, fmt.Errorf("look up archived records: %w", err)
@@ -344,9 +354,36 @@ func (s *Store) known(ctx context.Context, q, namespace string, keys []string) (
 	return out, nil
 }
 
-// SettlementFor finds the archived settlement that shares any identity with bs — its
-// object name, settlement key or idempotency key — in bs's namespace (nil when none).
-func (s *Store) SettlementFor(ctx context.Context, bs *hooksv1alpha1.BillingSettlement) (*hooksv1alpha1.BillingSettlement, error) {
-	return s.oneSettlement(ctx, `namespace = $1 AND (name = $2 OR settlement_key = $3 OR idempotency_key = $4) ORDER BY archived_at LIMIT 1`,
-		bs.Namespace, bs.Name, bs.Spec.SettlementKey, bs.Spec.IdempotencyKey)
+// SettlementMatching finds an archived settlement of a namespace under any of names,
+// or whose settlement key or idempotency key is any of keys (nil when none): one
+// logical operation may have been stored under its legacy name and keys.
+func (s *Store) SettlementMatching(ctx context.Context, namespace string, names, keys []string) (*hooksv1alpha1.BillingSettlement, error) {
+	return s.oneSettlement(ctx, `namespace = $1 AND (name = ANY($2) OR settlement_key = ANY($3) OR idempotency_key = ANY($3))
+		ORDER BY archived_at LIMIT 1`, namespace, names, keys)
+}
+
+// SettlementsByIdempotencyKey returns the archived settlements of a namespace whose
+// idempotency key is one of keys, by key.
+func (s *Store) SettlementsByIdempotencyKey(ctx context.Context, namespace string, keys []string) (map[string]*hooksv1alpha1.BillingSettlement, error) {
+	out := map[string]*hooksv1alpha1.BillingSettlement{}
+	if len(keys) == 0 {
+		return out, nil
+	}
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	rows, err := s.pool.Query(ctx, `SELECT object FROM settlements WHERE namespace = $1 AND idempotency_key = ANY($2)`, namespace, keys)
+	if err != nil {
+		return nil, fmt.Errorf("look up archived settlements: %w", err)
+	}
+	list, err := collectSettlements(rows)
+	if err != nil {
+		return nil, err
+	}
+	for i := range list {
+		out[list[i].Spec.IdempotencyKey] = &list[i]
+	}
+	return out, nil
 }
