@@ -31,11 +31,13 @@ type run struct {
 	versions map[string]int    // job ID -> highest version acknowledged
 	statuses map[int]int       // every HTTP status any sender saw, counted
 	provider string
-	next     atomic.Int64
+	// namespace is the tenant's namespace (the suite's ns unless a spec says).
+	namespace string
+	next      atomic.Int64
 }
 
 func newRun() *run {
-	return &run{accepted: map[string]string{}, versions: map[string]int{}, statuses: map[int]int{}, provider: "inference"}
+	return &run{accepted: map[string]string{}, versions: map[string]int{}, statuses: map[int]int{}, provider: "inference", namespace: ns}
 }
 
 // deliver posts a signed event like a real provider: it retries 5xx, 429 and
@@ -52,7 +54,7 @@ func (r *run) deliver(id, jobID string, version int, body string, deadline time.
 		}
 		rep := live[int(r.next.Add(1))%len(live)]
 		resp, err := sender.Send(ctx, &http.Client{Timeout: 20 * time.Second}, sender.Delivery{
-			URL: rep.receiverURL + identity.EndpointPath(ns, r.provider), ID: id, Body: []byte(body),
+			URL: rep.receiverURL + identity.EndpointPath(r.namespace, r.provider), ID: id, Body: []byte(body),
 			Signature: signature.Config{Scheme: signature.SchemeStandardWebhooks}, Secret: []byte(swhSecret),
 		})
 		status := resp.Status

@@ -156,7 +156,11 @@ type replica struct {
 	cmd         *exec.Cmd
 	receiverURL string
 	metricsURL  string
-	done        chan struct{}
+	probeURL    string
+	logPath     string
+	// readyAfter is how long the process took from exec to its first readyz 200.
+	readyAfter time.Duration
+	done       chan struct{}
 }
 
 func freePort() string {
@@ -169,30 +173,43 @@ func freePort() string {
 
 var replicaCount int
 
-func startReplica() *replica {
+// startReplica starts a manager process with the suite's flags followed by extra
+// (a flag given again in extra wins), waits until its readyz answers 200 (a minute at
+// most), and only then adds it to the live replicas senders post to. Several may be
+// started at once.
+func startReplica(extra ...string) *replica {
 	GinkgoHelper()
 	replicasMu.Lock()
-	defer replicasMu.Unlock()
 	replicaCount++
+	n := replicaCount
+	replicasMu.Unlock()
 	recvAddr, metricsAddr, probeAddr := freePort(), freePort(), freePort()
-	r := &replica{name: fmt.Sprintf("manager-%d", replicaCount), receiverURL: "http://" + recvAddr,
-		metricsURL: "http://" + metricsAddr + "/metrics", done: make(chan struct{})}
-	r.cmd = exec.Command(managerBin, "--kubeconfig", kubeconfig, "--leader-elect", "--leader-election-namespace", leaderNS,
+	r := &replica{name: fmt.Sprintf("manager-%d", n), receiverURL: "http://" + recvAddr,
+		metricsURL: "http://" + metricsAddr + "/metrics", probeURL: "http://" + probeAddr + "/readyz", done: make(chan struct{})}
+	args := append([]string{"--kubeconfig", kubeconfig, "--leader-elect", "--leader-election-namespace", leaderNS,
 		"--receiver-bind-address", recvAddr, "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", probeAddr,
-		"--max-concurrent-reconciles", "4")
-	logFile, err := os.Create(filepath.Join(workDir, r.name+".log"))
+		"--max-concurrent-reconciles", "4"}, extra...)
+	r.cmd = exec.Command(managerBin, args...)
+	r.logPath = filepath.Join(workDir, r.name+".log")
+	logFile, err := os.Create(r.logPath)
 	Expect(err).NotTo(HaveOccurred())
 	r.cmd.Stdout, r.cmd.Stderr = logFile, logFile
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	started := time.Now()
 	Expect(r.cmd.Start()).To(Succeed())
 	go func() {
 		_ = r.cmd.Wait()
 		_ = logFile.Close()
 		close(r.done)
 	}()
-	replicas = append(replicas, r)
+	ready := false
+	defer func() {
+		if !ready {
+			r.kill() // never leave a process behind a failed start
+		}
+	}()
 	Eventually(func() error {
-		resp, err := http.Get("http://" + probeAddr + "/readyz")
+		resp, err := http.Get(r.probeURL)
 		if err != nil {
 			return err
 		}
@@ -201,8 +218,27 @@ func startReplica() *replica {
 			return fmt.Errorf("readyz %d", resp.StatusCode)
 		}
 		return nil
-	}).WithTimeout(time.Minute).Should(Succeed(), "replica %s ready (log: %s)", r.name, logFile.Name())
+	}).WithTimeout(time.Minute).WithPolling(100*time.Millisecond).Should(Succeed(), "replica %s ready (log: %s)", r.name, r.logPath)
+	r.readyAfter = time.Since(started)
+	ready = true
+	replicasMu.Lock()
+	replicas = append(replicas, r)
+	replicasMu.Unlock()
 	return r
+}
+
+// stop ends the replica as Kubernetes does: SIGTERM (it releases its lease and
+// answers in-flight deliveries), then SIGKILL after the Deployment's 30s grace period.
+func (r *replica) stop() {
+	if r.cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-r.done:
+	case <-time.After(30 * time.Second):
+		r.kill()
+	}
 }
 
 // kill ends the replica with SIGKILL: no graceful shutdown, no lease release.
