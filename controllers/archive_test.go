@@ -276,7 +276,9 @@ var _ = Describe("the archive (docs/design.md §12)", Ordered, func() {
 		}
 		Expect(k8s.Create(ctx, wrong)).To(Succeed())
 		Eventually(readyReason(wrong)).Should(Equal(hooksv1alpha1.ReasonInvalidIdentity))
-		Consistently(func() error { return k8s.Get(ctx, client.ObjectKeyFromObject(wrong), &hooksv1alpha1.BillingSettlement{}) }).
+		Consistently(func() error {
+			return k8s.Get(ctx, client.ObjectKeyFromObject(wrong), &hooksv1alpha1.BillingSettlement{})
+		}).
 			WithTimeout(3*time.Second).Should(Succeed(), "kept for review, not archived")
 		got, err := store.SettlementByKey(ctx, ns, k)
 		Expect(err).NotTo(HaveOccurred())
