@@ -12,12 +12,15 @@ import (
 	"strconv"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -51,6 +54,7 @@ func main() {
 		archiveAfter         time.Duration
 		watchNamespaces      string
 		leaderElectionID     string
+		operatorNamespace    string
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080",
 		"Address the metrics endpoint binds to; \"0\" disables it.")
@@ -88,6 +92,8 @@ func main() {
 		"How long a finished record stays in the cluster (for kubectl) before it is archived and removed.")
 	flag.StringVar(&leaderElectionID, "leader-election-id", "settlement-operator.hooks.settlement.dev",
 		"Name of the leader-election Lease; deployments sharding tenants with --watch-namespaces in one namespace need one each.")
+	flag.StringVar(&operatorNamespace, "operator-namespace", os.Getenv("POD_NAMESPACE"),
+		"The operator's own namespace (default: $POD_NAMESPACE), where it records which archive it archives to.")
 	flag.StringVar(&watchNamespaces, "watch-namespaces", "",
 		"Comma-separated namespaces this deployment serves (receiver and controllers); empty: all. Lets several deployments shard tenants.")
 	opts := zap.Options{Development: false}
@@ -140,7 +146,13 @@ func main() {
 			os.Exit(1)
 		}
 		defer store.Close()
-		if err := mgr.Add(&controllers.ArchiveMigrator{Archive: store}); err != nil {
+		direct, err := client.New(mgr.GetConfig(), client.Options{Scheme: scheme})
+		if err != nil {
+			log.Error(err, "unable to create a client")
+			os.Exit(1)
+		}
+		if err := mgr.Add(&controllers.ArchiveMigrator{Archive: store, Client: direct,
+			Namespace: operatorNamespace, ConfigMap: leaderElectionID + "-archive"}); err != nil {
 			log.Error(err, "unable to add the archive migrator")
 			os.Exit(1)
 		}
@@ -153,6 +165,19 @@ func main() {
 		log.Info("archive on: finished records leave the cluster for PostgreSQL", "archiveAfter", archiveAfter.String(),
 			"maxConns", archiveCfg.MaxConns, "statementTimeout", archiveCfg.StatementTimeout.String())
 	} else {
+		if operatorNamespace != "" {
+			// This cluster archived before: without its archive, archived events and keys
+			// would be dispatched and charged again. Refuse to start rather than guess.
+			var cm corev1.ConfigMap
+			err := mgr.GetAPIReader().Get(context.Background(), types.NamespacedName{Namespace: operatorNamespace,
+				Name: leaderElectionID + "-archive"}, &cm)
+			if err == nil {
+				log.Error(errors.New("no archive configured"), "this cluster's finished records are in an archive "+
+					"(ConfigMap "+operatorNamespace+"/"+cm.Name+"); set ARCHIVE_DATABASE_URL to it, or delete the ConfigMap "+
+					"to run without it on purpose (archived events and keys would then be processed again)")
+				os.Exit(1)
+			}
+		}
 		// Say what running without an archive implies (docs/capacity.md has the numbers).
 		log.Info("archive off: every JobCompletion and BillingSettlement stays in etcd and in this manager's memory; " +
 			"measured: one 8 GiB etcd fills after about 14 days at 1 event/s, and the 512 MiB memory limit is reached after about 20,000 lifetime jobs. " +

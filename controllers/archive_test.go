@@ -1,6 +1,7 @@
 package controllers_test
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/controllers"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/archive/pgtest"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
@@ -385,6 +387,41 @@ var _ = Describe("the archive (docs/design.md §12)", Ordered, func() {
 		got, err := store.Settlement(ctx, ns, bs.Name)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(got.Status.Exposure).To(Equal(hooksv1alpha1.ExposureConfirmed))
+	})
+
+	It("records which archive the cluster archives to, and holds any other database unavailable", func() {
+		ns := newTenant()
+		run := func(st *archive.Store) {
+			mctx, stop := context.WithCancel(ctx)
+			DeferCleanup(stop)
+			go func() {
+				defer GinkgoRecover()
+				Expect((&controllers.ArchiveMigrator{Archive: st, Client: k8s, Namespace: ns, ConfigMap: "operator-archive",
+					Retry: 200 * time.Millisecond}).Start(mctx)).To(Succeed())
+			}()
+		}
+		same, err := archive.Open(archive.Config{URL: pg.URL("archive")})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(same.Close)
+		run(same)
+		Eventually(same.Ready).Should(BeTrue(), "the first archive is recorded and used")
+		id, err := same.Identity(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		cm := &corev1.ConfigMap{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "operator-archive"}, cm)).To(Succeed())
+		Expect(cm.Data[controllers.ArchiveIdentityKey]).To(Equal(id))
+
+		// An empty database under another name (a typo, a restore, a lagging replica):
+		// never taken for "nothing archived yet".
+		Expect(pg.CreateDatabase("typo")).To(Succeed())
+		other, err := archive.Open(archive.Config{URL: pg.URL("typo")})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(other.Close)
+		run(other)
+		Eventually(func() error { return other.Ping(ctx) }).Should(MatchError(ContainSubstring("not the archive this cluster archived to")))
+		Consistently(other.Ready).WithTimeout(time.Second).Should(BeFalse())
+		_, err = other.Event(ctx, ns, "inference", "anything")
+		Expect(err).To(HaveOccurred(), "an unchecked archive answers nothing: callers wait instead of taking it for empty")
 	})
 
 	It("supersedes v1 after an archived v2 and charges nothing for it", func() {

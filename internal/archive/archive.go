@@ -58,6 +58,29 @@ type Store struct {
 	// plus a margin): a server that silently stops answering must not hold a
 	// reconciler's worker for the minutes TCP keepalive takes to notice.
 	callTimeout time.Duration
+	// held, when set, keeps the archive unavailable although its schema is there (its
+	// identity is not checked yet, or is not the one the cluster archived to).
+	held atomic.Pointer[error]
+}
+
+// Hold keeps the archive unavailable with reason (nil releases it).
+func (s *Store) Hold(reason error) {
+	if reason == nil {
+		s.held.Store(nil)
+		return
+	}
+	s.held.Store(&reason)
+}
+
+// Identity is the archive's ID, created once with its schema.
+func (s *Store) Identity(ctx context.Context) (string, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	var id string
+	if err := s.pool.QueryRow(ctx, `SELECT id FROM archive_identity ORDER BY created_at LIMIT 1`).Scan(&id); err != nil {
+		return "", fmt.Errorf("read the archive's identity: %w", err)
+	}
+	return id, nil
 }
 
 // bound gives a call its client-side deadline.
@@ -130,14 +153,14 @@ func (s *Store) Close() { s.pool.Close() }
 
 // Ping checks that the archive answers.
 func (s *Store) Ping(ctx context.Context) error {
-	if !s.migrated.Load() {
-		return ErrNotReady
+	if err := s.ready(); err != nil {
+		return err
 	}
 	return s.pool.Ping(ctx)
 }
 
 // Ready reports whether the schema is migrated.
-func (s *Store) Ready() bool { return s.migrated.Load() }
+func (s *Store) Ready() bool { return s.ready() == nil }
 
 // Migrate applies the embedded migrations not yet recorded in schema_migrations, each
 // in its own transaction, under an advisory lock so replicas starting together apply
@@ -212,6 +235,9 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 }
 
 func (s *Store) ready() error {
+	if h := s.held.Load(); h != nil {
+		return *h
+	}
 	if !s.migrated.Load() {
 		return ErrNotReady
 	}

@@ -99,6 +99,16 @@ CREATE INDEX settlements_archived_at ON settlements (archived_at);
 CREATE INDEX settlements_job ON settlements (namespace, webhook_provider, job_id) WHERE job_id <> '';
 CREATE INDEX settlements_reverses ON settlements (namespace, reverses) WHERE reverses <> '';
 
+-- The archive's identity: the cluster remembers which archive it archived to, so that an
+-- empty or other database (a typo in its name, a restore, a failover to a lagging
+-- replica) is never taken for "nothing archived yet" — which would let archived events
+-- and keys be dispatched and charged again.
+CREATE TABLE archive_identity (
+    id         text        PRIMARY KEY,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO archive_identity (id) VALUES (gen_random_uuid()::text);
+
 CREATE FUNCTION archive_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'the settlement archive is append-only: % on % refused', TG_OP, TG_TABLE_NAME
@@ -109,6 +119,8 @@ CREATE TRIGGER event_receipts_append_only BEFORE UPDATE OR DELETE ON event_recei
 CREATE TRIGGER job_completions_append_only BEFORE UPDATE OR DELETE ON job_completions
     FOR EACH ROW EXECUTE FUNCTION archive_append_only();
 CREATE TRIGGER settlements_append_only BEFORE UPDATE OR DELETE ON settlements
+    FOR EACH ROW EXECUTE FUNCTION archive_append_only();
+CREATE TRIGGER archive_identity_append_only BEFORE UPDATE OR DELETE ON archive_identity
     FOR EACH ROW EXECUTE FUNCTION archive_append_only();
 CREATE FUNCTION archive_no_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
