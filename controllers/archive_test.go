@@ -294,13 +294,6 @@ var _ = Describe("the archive (docs/design.md §12)", Ordered, func() {
 	})
 
 	It("never charges again a keyFrom charge made before namespaced keys, once it is archived", func() {
-		withLines := func(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
-			wp.Spec.Routes = append(wp.Spec.Routes, hooksv1alpha1.Route{EventType: "invoice.paid",
-				Operations: []hooksv1alpha1.RouteOperation{{Type: hooksv1alpha1.OperationBillingSettlement,
-					ForEach: ".data.lines", Settlement: &hooksv1alpha1.SettlementMapping{
-						BillingProviderRef: "billing", KeyFrom: []string{".a", ".b"}, Customer: "$.data.customer",
-						Amount: &hooksv1alpha1.AmountMapping{Minor: ".cents", Currency: "USD"}}}}})
-		}
 		ns := newTenant(hourly, withLines)
 		legacyOf := func(a, b string) *hooksv1alpha1.BillingSettlement {
 			k, ok := identity.ParseSettlementKey(identity.FieldsSettlementKey(ns, "inference", a, b))

@@ -151,13 +151,6 @@ var _ = Describe("keys (issue 10)", func() {
 	})
 
 	Context("a route whose keys come from keyFrom", func() {
-		withLines := func(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
-			wp.Spec.Routes = append(wp.Spec.Routes, hooksv1alpha1.Route{EventType: "invoice.paid",
-				Operations: []hooksv1alpha1.RouteOperation{{Type: hooksv1alpha1.OperationBillingSettlement,
-					ForEach: ".data.lines", Settlement: &hooksv1alpha1.SettlementMapping{
-						BillingProviderRef: "billing", KeyFrom: []string{".a", ".b"}, Customer: "$.data.customer",
-						Amount: &hooksv1alpha1.AmountMapping{Minor: ".cents", Currency: "USD"}}}}})
-		}
 		invoice := func(customer string, lines ...[2]string) string {
 			s := ""
 			for i, l := range lines {
@@ -254,3 +247,13 @@ var _ = Describe("keys (issue 10)", func() {
 		})
 	})
 })
+
+// withLines adds a route charging each line of an invoice.paid event under the key of
+// its .a and .b fields (keyFrom).
+func withLines(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
+	wp.Spec.Routes = append(wp.Spec.Routes, hooksv1alpha1.Route{EventType: "invoice.paid",
+		Operations: []hooksv1alpha1.RouteOperation{{Type: hooksv1alpha1.OperationBillingSettlement,
+			ForEach: ".data.lines", Settlement: &hooksv1alpha1.SettlementMapping{
+				BillingProviderRef: "billing", KeyFrom: []string{".a", ".b"}, Customer: "$.data.customer",
+				Amount: &hooksv1alpha1.AmountMapping{Minor: ".cents", Currency: "USD"}}}}})
+}

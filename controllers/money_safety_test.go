@@ -88,15 +88,7 @@ func settleByHand(bs *hooksv1alpha1.BillingSettlement) {
 	Eventually(stateOf(bs)).Should(Equal(hooksv1alpha1.SettlementSettled))
 }
 
-func posts(calls []fakebilling.Call) int {
-	n := 0
-	for _, c := range calls {
-		if c.Method == http.MethodPost {
-			n++
-		}
-	}
-	return n
-}
+func posts(calls []fakebilling.Call) int { return fakebilling.Posts(calls) }
 
 var _ = Describe("money safety (issue 10)", func() {
 	It("polls a pending charge past maxElapsed through failed polls: never dead-lettered, deletion held (defect 1)", func() {

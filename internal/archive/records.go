@@ -82,6 +82,17 @@ func SettlementContentHash(bs *hooksv1alpha1.BillingSettlement) string {
 		ChargedAmount: st.ChargedAmount, SentTo: st.SentTo, FirstSubmittedAt: st.FirstSubmittedAt, SettledAt: st.SettledAt})
 }
 
+// rehash decodes a stored object and computes its content hash again.
+func rehash[T any](hash func(*T) string) func([]byte) (string, error) {
+	return func(b []byte) (string, error) {
+		var got T
+		if err := json.Unmarshal(b, &got); err != nil {
+			return "", err
+		}
+		return hash(&got), nil
+	}
+}
+
 func ts(t *metav1.Time) *time.Time {
 	if t == nil || t.IsZero() {
 		return nil
@@ -109,13 +120,7 @@ func (s *Store) ArchiveEvent(ctx context.Context, ev *hooksv1alpha1.WebhookEvent
 		[]any{ev.Namespace, ev.Name, string(ev.UID), ev.Spec.Provider, ev.Spec.EventID, ev.Spec.EventType, ev.Spec.PayloadHash,
 			ev.Spec.ReceivedAt.UTC(), string(ev.Status.Phase), ops, ev.CreationTimestamp.UTC(), want, obj},
 		`SELECT object, content_hash FROM event_receipts WHERE namespace = $1 AND name = $2`, []any{ev.Namespace, ev.Name},
-		func(b []byte) (string, error) {
-			var got hooksv1alpha1.WebhookEvent
-			if err := json.Unmarshal(b, &got); err != nil {
-				return "", err
-			}
-			return EventContentHash(&got), nil
-		}, want)
+		rehash(EventContentHash), want)
 }
 
 // ArchiveJobCompletion archives one version of a job's completion.
@@ -140,13 +145,7 @@ func (s *Store) ArchiveJobCompletion(ctx context.Context, jc *hooksv1alpha1.JobC
 			c.SourceEvent, jc.CreationTimestamp.UTC(), conditionsJSON(jc.Status.Conditions), want, obj},
 		`SELECT object, content_hash FROM job_completions WHERE namespace = $1 AND name = $2 AND version = $3`,
 		[]any{jc.Namespace, jc.Name, c.Version},
-		func(b []byte) (string, error) {
-			var got hooksv1alpha1.JobCompletion
-			if err := json.Unmarshal(b, &got); err != nil {
-				return "", err
-			}
-			return JobContentHash(&got), nil
-		}, want)
+		rehash(JobContentHash), want)
 }
 
 // ArchiveSettlement archives a settlement.
@@ -195,13 +194,7 @@ func (s *Store) ArchiveSettlement(ctx context.Context, bs *hooksv1alpha1.Billing
 			ts(st.FirstSubmittedAt), ts(st.SettledAt), ts(st.LastReconciledAt), bs.CreationTimestamp.UTC(),
 			conditionsJSON(st.Conditions), want, obj},
 		`SELECT object, content_hash FROM settlements WHERE namespace = $1 AND name = $2`, []any{bs.Namespace, bs.Name},
-		func(b []byte) (string, error) {
-			var got hooksv1alpha1.BillingSettlement
-			if err := json.Unmarshal(b, &got); err != nil {
-				return "", err
-			}
-			return SettlementContentHash(&got), nil
-		}, want)
+		rehash(SettlementContentHash), want)
 }
 
 // EventReceipt is an archived event's identity and outcome.

@@ -892,15 +892,7 @@ func findCond(conds []metav1.Condition, t string) metav1.ConditionStatus {
 	return ""
 }
 
-func posts(calls []fakebilling.Call) int {
-	n := 0
-	for _, c := range calls {
-		if c.Method == http.MethodPost {
-			n++
-		}
-	}
-	return n
-}
+func posts(calls []fakebilling.Call) int { return fakebilling.Posts(calls) }
 
 func uniq(s []string) map[string]bool {
 	out := map[string]bool{}

@@ -295,6 +295,17 @@ func (s *Server) CallLog() []Call {
 	return append([]Call(nil), s.log...)
 }
 
+// Posts counts the submissions (POSTs) among calls.
+func Posts(calls []Call) int {
+	n := 0
+	for _, c := range calls {
+		if c.Method == http.MethodPost {
+			n++
+		}
+	}
+	return n
+}
+
 // CallsFor returns the calls for one idempotency key, in order.
 func (s *Server) CallsFor(key string) []Call {
 	s.mu.Lock()
