@@ -201,7 +201,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	}
 	defer func() { _ = billing.Close() }()
 	b.logf("starting the manager process")
-	op, err := startOperator(ctx, b.env, bin, b.dir, cfg.ManagerArgs)
+	op, err := startOperator(ctx, b.env, bin, b.dir, "manager", cfg.ManagerArgs, nil)
 	if err != nil {
 		return nil, err
 	}
