@@ -10,7 +10,11 @@
 //     ceiling, with the manager binary running as its own process and the fake
 //     billing provider in this one;
 //  4. API-server writes and etcd bytes per event;
-//  5. the manager's resident memory with 1k, 10k and 50k retained events.
+//  5. the manager's resident memory with 1k, 10k and 50k retained events;
+//  6. with the archive on (a PostgreSQL of its own, a control plane of its own): a
+//     sustained load of 50,000 events through the whole pipeline at a rate it keeps
+//     up with, and what stays behind per event in etcd, the manager's memory and
+//     PostgreSQL.
 //
 // `make bench` runs it (test/bench/cmd) and writes bench/results.json. Nothing here
 // asserts a time: it measures and reports.
@@ -70,6 +74,25 @@ type Config struct {
 	// Budget is the run's wall-time target (5m45s): memory levels that would overrun
 	// it are extrapolated instead of measured.
 	Budget time.Duration
+	// ArchiveEvents is how many events item 6, the sustained phase with the archive
+	// on, pushes through the whole pipeline (50000); negative skips it.
+	ArchiveEvents int
+	// ArchiveOnly skips items 1-5.
+	ArchiveOnly bool
+	// ArchiveAfter is the manager's --archive-after in item 6 (5s).
+	ArchiveAfter time.Duration
+	// ReconcileInterval is the BillingProvider's spec.reconciliation.interval in item 6
+	// (5s): only settlements a pass confirmed are archived.
+	ReconcileInterval time.Duration
+	// CalibrationEvents are sent as one burst before item 6's sustained load to measure
+	// what the pipeline sustains, followed by an open-loop staircase (600); ArchiveLoad
+	// is the fraction of the sustainable rate the sustained load runs at (0.9).
+	// ArchiveRate > 0 sets the rate instead.
+	CalibrationEvents int
+	ArchiveLoad       float64
+	ArchiveRate       float64
+	// ArchiveSamples is how many samples item 6 takes under load (10).
+	ArchiveSamples int
 	// Progress receives one line per step (os.Stderr).
 	Progress io.Writer
 }
@@ -104,6 +127,18 @@ func (c *Config) defaults() {
 	}
 	if len(c.Retained) == 0 {
 		c.Retained = []int{1000, 10000, 50000}
+	}
+	set(&c.ArchiveEvents, 50000)
+	set(&c.CalibrationEvents, 600)
+	set(&c.ArchiveSamples, 10)
+	if c.ArchiveAfter == 0 {
+		c.ArchiveAfter = 5 * time.Second
+	}
+	if c.ReconcileInterval == 0 {
+		c.ReconcileInterval = 5 * time.Second
+	}
+	if c.ArchiveLoad == 0 {
+		c.ArchiveLoad = 0.9
 	}
 	if c.Progress == nil {
 		c.Progress = os.Stderr
@@ -160,6 +195,26 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		}
 	}
 
+	b.res.Settings.Revision, b.res.Settings.ManagerArgs = revision(ctx), cfg.ManagerArgs
+
+	if !cfg.ArchiveOnly {
+		if err := b.archiveOff(ctx, bin); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.ArchiveEvents > 0 {
+		if err := b.archivePhase(ctx, bin); err != nil {
+			return nil, fmt.Errorf("archive: %w", err)
+		}
+	}
+	b.res.Machine.LoadAverageEnd = loadAverage()
+	b.res.DurationSeconds = round(time.Since(b.start).Seconds(), 1)
+	return b.res, nil
+}
+
+// startControlPlane starts a control plane of its own (etcd + kube-apiserver) and
+// points the run's clients and probe at it; stop stops it.
+func (b *run) startControlPlane(ctx context.Context) (stop func(), err error) {
 	b.logf("starting the control plane (etcd + kube-apiserver, periodic compaction off)")
 	if b.env, err = testenv.New(); err != nil {
 		return nil, err
@@ -171,12 +226,15 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("start the control plane: %w", err)
 	}
-	defer func() { _ = b.env.Stop() }()
+	env := b.env
+	stop = func() { _ = env.Stop() }
 	b.restCfg = unlimited(admin)
 	if b.k, err = client.New(b.restCfg, client.Options{Scheme: testenv.Scheme()}); err != nil {
+		stop()
 		return nil, err
 	}
 	if b.probe, err = newProbe(b.restCfg, b.env.ControlPlane.Etcd.URL); err != nil {
+		stop()
 		return nil, err
 	}
 	if dc, err := discovery.NewDiscoveryClientForConfig(b.restCfg); err == nil {
@@ -185,11 +243,22 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		}
 	}
 	b.res.Machine.EtcdVersion = b.probe.etcdVersion(ctx)
-	b.res.Settings.Revision, b.res.Settings.ManagerArgs = revision(ctx), cfg.ManagerArgs
+	return stop, nil
+}
+
+// archiveOff runs items 1-5 with the manager's default flags (no archive) on one
+// control plane, stopped at the end.
+func (b *run) archiveOff(ctx context.Context, bin string) error {
+	cfg := b.cfg
+	stopCP, err := b.startControlPlane(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopCP()
 
 	b.logf("items 1-2: raw creates vs receiver (accepted, duplicate), %d senders", cfg.Senders)
 	if err := b.ingest(ctx); err != nil {
-		return nil, fmt.Errorf("ingestion: %w", err)
+		return fmt.Errorf("ingestion: %w", err)
 	}
 	in := b.res.Ingestion
 	b.logf("raw %.0f/s, accepted %.0f/s (%.2f), duplicate %.0f/s (%.2f of accepted)", in.RawCreatesPerSecond,
@@ -197,27 +266,25 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 
 	billing, err := fakebilling.Start(fakebilling.Options{Token: billingToken})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer func() { _ = billing.Close() }()
 	b.logf("starting the manager process")
-	op, err := startOperator(ctx, b.env, bin, b.dir, cfg.ManagerArgs)
+	op, err := startOperator(ctx, b.env, bin, b.dir, "manager", cfg.ManagerArgs, nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer op.stop()
 	if b.res.Memory.StartRSSBytes, _, err = rss(op.Pid()); err != nil {
-		return nil, err
+		return err
 	}
 	if err := b.latency(ctx, op, billing.URL()); err != nil {
-		return nil, fmt.Errorf("latency: %w", err)
+		return fmt.Errorf("latency: %w", err)
 	}
 	if err := b.memory(ctx, op); err != nil {
-		return nil, fmt.Errorf("memory: %w", err)
+		return fmt.Errorf("memory: %w", err)
 	}
-	b.res.Machine.LoadAverageEnd = loadAverage()
-	b.res.DurationSeconds = round(time.Since(b.start).Seconds(), 1)
-	return b.res, nil
+	return nil
 }
 
 // latency runs item 3 and, over the same events, item 4.

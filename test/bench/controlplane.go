@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -202,6 +203,12 @@ type storedSize struct {
 // HTTP, enabled by default), which needs no client library and reports the values
 // byte for byte.
 func (p *probe) stored(ctx context.Context, prefix string) (storedSize, error) {
+	return p.storedUpTo(ctx, prefix, 0)
+}
+
+// storedUpTo is stored for at most maxKeys keys (0: all), to estimate the mean size
+// of a kind with many objects without reading every one.
+func (p *probe) storedUpTo(ctx context.Context, prefix string, maxKeys int) (storedSize, error) {
 	var out storedSize
 	key := []byte(prefix)
 	end := append([]byte(prefix[:len(prefix)-1]), prefix[len(prefix)-1]+1)
@@ -245,9 +252,95 @@ func (p *probe) stored(ctx context.Context, prefix string) (storedSize, error) {
 				out.ManagedFieldsBytes += int64(len(obj.Metadata.ManagedFields))
 			}
 		}
-		if !r.More || len(r.KVs) == 0 {
+		if !r.More || len(r.KVs) == 0 || (maxKeys > 0 && out.Keys >= maxKeys) {
 			return out, nil
 		}
 		key = append(append([]byte(nil), r.KVs[len(r.KVs)-1].Key...), 0)
 	}
+}
+
+// post sends a JSON body to one of etcd's gRPC-gateway endpoints and decodes the answer.
+func (p *probe) post(ctx context.Context, path string, body, into any) error {
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.etcd.String()+path, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := p.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("etcd %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("etcd %s: %w", path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("etcd %s: %d %s", path, resp.StatusCode, bytes.TrimSpace(raw[:min(len(raw), 200)]))
+	}
+	if into == nil {
+		return nil
+	}
+	return json.Unmarshal(raw, into)
+}
+
+// etcdStatus is etcd's own view of its backend (Maintenance.Status).
+type etcdStatus struct {
+	Revision int64
+	// DBSize is the backend file's size; DBSizeInUse the pages holding data (live
+	// keys and every revision not compacted yet). Compaction frees pages without
+	// shrinking the file; defragmentation shrinks it to what is in use.
+	DBSize, DBSizeInUse, Quota int64
+}
+
+// status reads etcd's Maintenance.Status (int64 fields are strings in the gateway's JSON).
+func (p *probe) status(ctx context.Context) (etcdStatus, error) {
+	var r struct {
+		Header struct {
+			Revision int64 `json:"revision,string"`
+		} `json:"header"`
+		DBSize      int64 `json:"dbSize,string"`
+		DBSizeInUse int64 `json:"dbSizeInUse,string"`
+		Quota       int64 `json:"dbSizeQuota,string"`
+	}
+	if err := p.post(ctx, "/v3/maintenance/status", struct{}{}, &r); err != nil {
+		return etcdStatus{}, err
+	}
+	return etcdStatus{Revision: r.Header.Revision, DBSize: r.DBSize, DBSizeInUse: r.DBSizeInUse, Quota: r.Quota}, nil
+}
+
+// compactDefrag compacts etcd's history up to its current revision (waiting until the
+// compaction is applied to the backend), then defragments it, as an operator's
+// maintenance would: afterwards the backend holds the live keys only. It returns the
+// status before and after and how long each step blocked.
+func (p *probe) compactDefrag(ctx context.Context) (before, after etcdStatus, compact, defrag time.Duration, err error) {
+	if before, err = p.status(ctx); err != nil {
+		return
+	}
+	start := time.Now()
+	if err = p.post(ctx, "/v3/kv/compaction", map[string]any{"revision": strconv.FormatInt(before.Revision, 10), "physical": true}, nil); err != nil &&
+		!strings.Contains(err.Error(), "already been compacted") {
+		return
+	}
+	compact = time.Since(start)
+	start = time.Now()
+	if err = p.post(ctx, "/v3/maintenance/defragment", struct{}{}, nil); err != nil {
+		return
+	}
+	defrag = time.Since(start)
+	after, err = p.status(ctx)
+	return
+}
+
+// count is the number of keys under prefix, counted by etcd without reading values.
+func (p *probe) count(ctx context.Context, prefix string) (int64, error) {
+	key := []byte(prefix)
+	end := append([]byte(prefix[:len(prefix)-1]), prefix[len(prefix)-1]+1)
+	var r struct {
+		Count int64 `json:"count,string"`
+	}
+	err := p.post(ctx, "/v3/kv/range", map[string]any{"key": base64.StdEncoding.EncodeToString(key),
+		"range_end": base64.StdEncoding.EncodeToString(end), "count_only": true}, &r)
+	return r.Count, err
 }

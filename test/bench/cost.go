@@ -91,12 +91,22 @@ func (b *run) cost(ctx context.Context, op *operator, w0 writeCounts, e0 etcdSta
 // controllerCosts reads controller-runtime's reconcile counters and timings from the
 // manager's metrics and divides them by events.
 func controllerCosts(metrics []byte, events int) map[string]ControllerCost {
-	samples := parseSamples(metrics, func(n string) bool {
+	return controllerCostsOf(parseSamples(metrics, func(n string) bool {
 		return n == "controller_runtime_reconcile_total" || n == "controller_runtime_reconcile_time_seconds_sum" ||
 			n == "controller_runtime_max_concurrent_reconciles"
-	})
+	}), events)
+}
+
+// controllerCostsOf is controllerCosts from parsed samples (other names are ignored).
+func controllerCostsOf(samples []sample, events int) map[string]ControllerCost {
 	out := map[string]ControllerCost{}
 	for _, s := range samples {
+		switch s.name {
+		case "controller_runtime_reconcile_total", "controller_runtime_reconcile_time_seconds_sum",
+			"controller_runtime_max_concurrent_reconciles":
+		default:
+			continue
+		}
 		ctl := s.labels["controller"]
 		cc := out[ctl]
 		if cc.ReconcilesPerEvent == nil {

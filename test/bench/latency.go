@@ -186,44 +186,71 @@ func (b *run) openLoop(ctx context.Context, t *tracker, hc *http.Client, url, pr
 const maxAttempts = 30
 
 func (b *run) send(ctx context.Context, t *tracker, lr *levelRun, hc *http.Client, url, id string, n int, d *delivery) {
-	body := payload(id, n)
 	t.mu.Lock()
 	d.sent = time.Now()
 	t.mu.Unlock()
+	r := deliverWithRetries(ctx, hc, url, id, payload(id, n))
+	lr.retried429.Add(int64(r.retried429))
+	lr.retried503.Add(int64(r.retried503))
+	if r.firstError != "" {
+		lr.firstError.CompareAndSwap(nil, r.firstError)
+	}
+	t.mu.Lock()
+	if r.acked.IsZero() {
+		d.failed = true
+	} else {
+		d.acked = r.acked
+	}
+	t.mu.Unlock()
+}
+
+// retried is what one delivery took: when it was acknowledged (zero: never), and the
+// answers that made the sender wait.
+type retried struct {
+	acked                  time.Time
+	retried429, retried503 int
+	firstError             string
+}
+
+// deliverWithRetries posts one delivery until it is answered 200, as a provider does:
+// a 429 or 503 (or no answer) is retried after its Retry-After, anything else gives
+// up, and so does the maxAttempts-th failure.
+func deliverWithRetries(ctx context.Context, hc *http.Client, url, id string, body []byte) retried {
+	var r retried
 	for attempt := 1; attempt <= maxAttempts; attempt++ {
 		resp, err := deliver(ctx, hc, url, id, body)
 		wait := time.Second
 		switch {
 		case err != nil: // no answer: the provider retries, like a 503
-			lr.firstError.CompareAndSwap(nil, err.Error())
-			lr.retried503.Add(1)
+			if r.firstError == "" {
+				r.firstError = err.Error()
+			}
+			r.retried503++
 		case resp.Status == http.StatusOK:
-			t.mu.Lock()
-			d.acked = time.Now()
-			t.mu.Unlock()
-			return
+			r.acked = time.Now()
+			return r
 		case resp.Status == http.StatusTooManyRequests:
-			lr.retried429.Add(1)
+			r.retried429++
 			wait = retryAfter(resp)
 		case resp.Status == http.StatusServiceUnavailable:
-			lr.retried503.Add(1)
+			r.retried503++
 			wait = retryAfter(resp)
 		default:
-			lr.firstError.CompareAndSwap(nil, fmt.Sprintf("delivery %s: %d %s", id, resp.Status, resp.Body))
-			attempt = maxAttempts
+			if r.firstError == "" {
+				r.firstError = fmt.Sprintf("delivery %s: %d %s", id, resp.Status, resp.Body)
+			}
+			return r
 		}
 		if attempt == maxAttempts {
 			break
 		}
 		select {
 		case <-ctx.Done():
-			attempt = maxAttempts
+			return r
 		case <-time.After(wait):
 		}
 	}
-	t.mu.Lock()
-	d.failed = true
-	t.mu.Unlock()
+	return r
 }
 
 // summarize turns a level's timelines into its row.

@@ -139,13 +139,10 @@ func (b *run) fitMemory() {
 	if len(xs) < 2 {
 		return
 	}
-	var sx, sy, sxx, sxy float64
-	for i := range xs {
-		sx, sy, sxx, sxy = sx+xs[i], sy+ys[i], sxx+xs[i]*xs[i], sxy+xs[i]*ys[i]
+	slope, icept, ok := leastSquares(xs, ys)
+	if !ok {
+		return
 	}
-	n := float64(len(xs))
-	slope := (n*sxy - sx*sy) / (n*sxx - sx*sx)
-	icept := (sy - slope*sx) / n
 	m.BytesPerRetainedEvent = round(slope, 0)
 	for i := range m.Levels {
 		if m.Levels[i].Extrapolated {

@@ -52,8 +52,9 @@ func freePort() (string, error) {
 }
 
 // startOperator writes a kubeconfig for a system:masters user of env and starts the
-// manager with it, its endpoints on free loopback ports and its log in dir.
-func startOperator(ctx context.Context, env *envtest.Environment, bin, dir string, extraArgs []string) (*operator, error) {
+// manager with it, its endpoints on free loopback ports and its log in dir as
+// <name>.log; extraEnv is added to the benchmark's environment.
+func startOperator(ctx context.Context, env *envtest.Environment, bin, dir, name string, extraArgs, extraEnv []string) (*operator, error) {
 	user, err := env.AddUser(envtest.User{Name: "settlement-operator", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("provision the manager's user: %w", err)
@@ -62,7 +63,7 @@ func startOperator(ctx context.Context, env *envtest.Environment, bin, dir strin
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig for the manager: %w", err)
 	}
-	kcPath := filepath.Join(dir, "manager.kubeconfig")
+	kcPath := filepath.Join(dir, name+".kubeconfig")
 	if err := os.WriteFile(kcPath, kubeconfig, 0o600); err != nil {
 		return nil, err
 	}
@@ -72,7 +73,7 @@ func startOperator(ctx context.Context, env *envtest.Environment, bin, dir strin
 			return nil, fmt.Errorf("find a free port: %w", err)
 		}
 	}
-	logPath := filepath.Join(dir, "manager.log")
+	logPath := filepath.Join(dir, name+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
@@ -80,6 +81,7 @@ func startOperator(ctx context.Context, env *envtest.Environment, bin, dir strin
 	args := append([]string{"--kubeconfig", kcPath, "--metrics-bind-address", addrs[0],
 		"--health-probe-bind-address", addrs[1], "--receiver-bind-address", addrs[2]}, extraArgs...)
 	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), extraEnv...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// The manager dies with the benchmark, even if the benchmark is killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -27,7 +27,9 @@ type Results struct {
 	Latency         Latency   `json:"latency"`
 	Cost            Cost      `json:"cost"`
 	Memory          Memory    `json:"memory"`
-	Notes           []string  `json:"notes,omitempty"`
+	// Archive is item 6, the sustained phase with the archive on (absent when skipped).
+	Archive *ArchivePhase `json:"archive,omitempty"`
+	Notes   []string      `json:"notes,omitempty"`
 }
 
 // Machine describes where the numbers were taken.
@@ -249,6 +251,258 @@ type Scrape struct {
 	RSSAfterBytes  int64   `json:"rssAfterBytes"`
 }
 
+// ArchivePhase is item 6: the manager with the archive on (--archive-after, a
+// PostgreSQL of its own) under a sustained load of Events events, each pushed through
+// the whole pipeline — signed delivery, event, job, settlement Settled, confirmed by a
+// reconciliation pass, archived and deleted — on a control plane of its own.
+type ArchivePhase struct {
+	Events                   int      `json:"events"`
+	ArchiveAfterSeconds      float64  `json:"archiveAfterSeconds"`
+	ReconcileIntervalSeconds float64  `json:"reconcileIntervalSeconds"`
+	ManagerArgs              []string `json:"managerArgs"`
+	PostgresVersion          string   `json:"postgresVersion"`
+	DurationSeconds          float64  `json:"durationSeconds"`
+	StartRSSBytes            int64    `json:"startRSSBytes"`
+	// CalibrationEvents were sent as one burst first; LoadFraction of the rate the
+	// pipeline drained them at is the sustained phase's target.
+	CalibrationEvents int                 `json:"calibrationEvents"`
+	LoadFraction      float64             `json:"loadFraction"`
+	Calibration       *ArchiveCalibration `json:"calibration,omitempty"`
+	// TargetPerSecond is the rate the sustained phase started at, FinalTargetPerSecond
+	// the one it ended at (lowered by RateCuts of 10% when the backlog kept growing);
+	// OfferedPerSecond is events ÷ the time it took to send them.
+	TargetPerSecond      float64 `json:"targetPerSecond"`
+	FinalTargetPerSecond float64 `json:"finalTargetPerSecond"`
+	RateCuts             int     `json:"rateCuts"`
+	OfferedPerSecond     float64 `json:"offeredPerSecond"`
+	Retried429           int     `json:"retried429"`
+	Retried503           int     `json:"retried503"`
+	Failed               int     `json:"failed"`
+	// Unprocessed events were not fully archived when the drain wait ended.
+	Unprocessed int `json:"unprocessed"`
+	// Samples: "idle" before the sustained load, "load" every Events/samples sent
+	// events, "drained" once everything is archived. LoadStartSeconds is when the
+	// sustained load began, on the samples' clock.
+	Samples          []ArchiveSample `json:"samples"`
+	LoadStartSeconds float64         `json:"loadStartSeconds"`
+	// Slopes are per processed (fully archived) event, over the FitSamples "load"
+	// samples from FitFromSeconds: those taken 12 minutes or more into the load (the
+	// manager's Event cache has reached its size by then), or every "load" sample when
+	// fewer than 3 are that late (then a note says so). Rates are over the same window.
+	FitFromSeconds float64       `json:"fitFromSeconds"`
+	FitSamples     int           `json:"fitSamples"`
+	Slopes         ArchiveSlopes `json:"slopes"`
+	Rates          ArchiveRates  `json:"rates"`
+	// Latency of the sustained events from their scheduled time.
+	Latency  ArchiveLatency  `json:"latency"`
+	Postgres ArchivePostgres `json:"postgres"`
+	// WritesPerEvent and Writes are the API server's successful writes between the idle
+	// and the drained sample ÷ Events; likewise etcd's puts and received bytes.
+	WritesPerEvent            float64      `json:"writesPerEvent"`
+	Writes                    []WriteShare `json:"writes"`
+	EtcdPutsPerEvent          float64      `json:"etcdPutsPerEvent"`
+	EtcdReceivedBytesPerEvent float64      `json:"etcdReceivedBytesPerEvent"`
+	// Controllers is each controller's work per sustained event (idle → drained).
+	Controllers map[string]ControllerCost `json:"controllers,omitempty"`
+	// ArchiveMetrics are the manager's settlement_archive* counters over the same span.
+	ArchiveMetrics map[string]float64 `json:"archiveMetrics,omitempty"`
+	Goals          []Goal             `json:"goals"`
+	Notes          []string           `json:"notes,omitempty"`
+}
+
+// ArchiveCalibration is the burst that measures what the pipeline sustains.
+type ArchiveCalibration struct {
+	Events            int     `json:"events"`
+	AcceptedPerSecond float64 `json:"acceptedPerSecond"`
+	// SettledPerSecond and ProcessedPerSecond: completions between the 20th and the
+	// 80th percentile per second, for Settled and for fully archived.
+	SettledPerSecond   float64 `json:"settledPerSecond"`
+	ProcessedPerSecond float64 `json:"processedPerSecond"`
+	DrainSeconds       float64 `json:"drainSeconds"`
+	// Steps is the open-loop staircase; SustainablePerSecond the highest step that
+	// kept up below the lowest that did not.
+	Steps                []CalibrationStep `json:"steps"`
+	SustainablePerSecond float64           `json:"sustainablePerSecond"`
+}
+
+// CalibrationStep is one open-loop step: the backlog (acknowledged, not yet
+// archived) halfway through and at the end; it kept up when it grew by less than
+// 3 seconds' worth of events.
+type CalibrationStep struct {
+	PerSecond     float64 `json:"perSecond"`
+	Events        int     `json:"events"`
+	BacklogMiddle int     `json:"backlogMiddle"`
+	BacklogEnd    int     `json:"backlogEnd"`
+	KeptUp        bool    `json:"keptUp"`
+}
+
+// ArchiveSample is one reading during the sustained phase.
+type ArchiveSample struct {
+	Label           string  `json:"label"`
+	Seconds         float64 `json:"seconds"`
+	TargetPerSecond float64 `json:"targetPerSecond,omitempty"`
+	// Sent, Acked, Settled, Reconciled count the sustained phase's deliveries (Sent) and
+	// every delivery of the phase (the others); Processed events have all three
+	// records archived; Backlog = Acked − Processed.
+	Sent       int            `json:"sent"`
+	Acked      int            `json:"acked"`
+	Settled    int            `json:"settled"`
+	Reconciled int            `json:"reconciled"`
+	Processed  int            `json:"processed"`
+	Backlog    int            `json:"backlog"`
+	Archived   map[string]int `json:"archived"`
+	// LiveObjects per kind in the phase's namespace, counted in etcd; LiveBytes their
+	// keys and values (Events estimated from up to 1000 of them); LiveRecordBytes the
+	// three archived kinds together.
+	LiveObjects     map[string]int64 `json:"liveObjects"`
+	LiveBytes       map[string]int64 `json:"liveBytes"`
+	LiveRecordBytes int64            `json:"liveRecordBytes"`
+	// EtcdRawInUseBytes / EtcdRawSizeBytes: etcd as the writes left it (every revision
+	// since the previous sample's compaction); EtcdCompactedBytes: in use after a
+	// compaction to the current revision and a defragmentation (live keys only).
+	// EtcdHistoryBytes = raw in use − the previous sample's compacted size: what the
+	// writes since then cost until a compaction; EtcdHistorySumBytes adds them up.
+	EtcdRevision        int64   `json:"etcdRevision"`
+	EtcdRawInUseBytes   int64   `json:"etcdRawInUseBytes"`
+	EtcdRawSizeBytes    int64   `json:"etcdRawSizeBytes"`
+	EtcdCompactedBytes  int64   `json:"etcdCompactedBytes"`
+	EtcdHistoryBytes    int64   `json:"etcdHistoryBytes"`
+	EtcdHistorySumBytes int64   `json:"etcdHistorySumBytes"`
+	EtcdCompactSeconds  float64 `json:"etcdCompactSeconds"`
+	EtcdDefragSeconds   float64 `json:"etcdDefragSeconds"`
+	// RSSBytes/PeakRSSBytes: the manager's VmRSS/VmHWM; HeapInuseBytes its Go heap
+	// in use (go_memstats_heap_inuse_bytes), which the GC's headroom does not blur.
+	RSSBytes       int64 `json:"rssBytes"`
+	PeakRSSBytes   int64 `json:"peakRSSBytes"`
+	HeapInuseBytes int64 `json:"heapInuseBytes"`
+	// PostgresRows per kind; PostgresBytes the three tables' pg_total_relation_size
+	// (heap, TOAST, indexes); PostgresDatabaseBytes pg_database_size.
+	PostgresRows          map[string]int64 `json:"postgresRows"`
+	PostgresBytes         int64            `json:"postgresBytes"`
+	PostgresDatabaseBytes int64            `json:"postgresDatabaseBytes"`
+	// ListedUntilLagSeconds: now − the BillingProvider's status.providerListedUntil
+	// (how far behind the pass's complete walk of the provider's list is); LastPass
+	// the latest report.
+	ListedUntilLagSeconds float64     `json:"listedUntilLagSeconds,omitempty"`
+	LastPass              *PassSample `json:"lastPass,omitempty"`
+}
+
+// PassSample is the latest ReconciliationReport at a sample.
+type PassSample struct {
+	Report        string           `json:"report"`
+	Phase         string           `json:"phase"`
+	Seconds       float64          `json:"seconds"`
+	Truncated     bool             `json:"truncated"`
+	Discrepancies int              `json:"discrepancies"`
+	NeedsReview   int              `json:"needsReview"`
+	ByType        map[string]int32 `json:"byType,omitempty"`
+	// Examples is the first finding of each type the report lists.
+	Examples []string         `json:"examples,omitempty"`
+	Examined map[string]int32 `json:"examined"`
+}
+
+// Slope is one quantity at the first, middle and last sample under load and its
+// change per processed event: LeastSquares through every sample under load, and
+// EndMinusStart = (last − first) ÷ (events processed in between).
+type Slope struct {
+	Start         float64 `json:"start"`
+	Middle        float64 `json:"middle"`
+	End           float64 `json:"end"`
+	LeastSquares  float64 `json:"leastSquaresPerEvent"`
+	EndMinusStart float64 `json:"endMinusStartPerEvent"`
+}
+
+// ArchiveSlopes are the growth per processed event.
+type ArchiveSlopes struct {
+	RSSBytes       Slope `json:"rssBytes"`
+	HeapInuseBytes Slope `json:"heapInuseBytes"`
+	// EtcdCompactedBytes is etcd's size after compaction and defragmentation;
+	// EtcdCompactedNoEvent the same without the Kubernetes Events (which expire after
+	// the API server's --event-ttl, 1 h); EtcdRecordBytes the live WebhookEvents,
+	// JobCompletions and BillingSettlements; EtcdEventBytes the Events.
+	EtcdCompactedBytes   Slope `json:"etcdCompactedBytes"`
+	EtcdCompactedNoEvent Slope `json:"etcdCompactedWithoutEventsBytes"`
+	EtcdRecordBytes      Slope `json:"etcdRecordBytes"`
+	EtcdEventBytes       Slope `json:"etcdEventBytes"`
+	// EtcdRawInUseBytes is the raw reading (history since the previous sample's
+	// compaction included), EtcdHistoryBytes the history written, summed: what an event
+	// costs etcd until the next compaction.
+	EtcdRawInUseBytes Slope            `json:"etcdRawInUseBytes"`
+	EtcdHistoryBytes  Slope            `json:"etcdHistoryBytes"`
+	PostgresBytes     Slope            `json:"postgresBytes"`
+	PostgresDatabase  Slope            `json:"postgresDatabaseBytes"`
+	LiveObjects       map[string]Slope `json:"liveObjects"`
+}
+
+// ArchiveRates are over the window from the first to the last sample under load.
+type ArchiveRates struct {
+	WindowSeconds      float64 `json:"windowSeconds"`
+	AcceptedPerSecond  float64 `json:"acceptedPerSecond"`
+	SettledPerSecond   float64 `json:"settledPerSecond"`
+	ProcessedPerSecond float64 `json:"processedPerSecond"`
+	// ArchivedPerSecond per kind; ArchivedRecordsPerSecond all three together.
+	ArchivedPerSecond        map[string]float64 `json:"archivedPerSecond"`
+	ArchivedRecordsPerSecond float64            `json:"archivedRecordsPerSecond"`
+	// ArchivedToAccepted = ProcessedPerSecond ÷ AcceptedPerSecond: 1 when archival
+	// keeps up; BacklogStart/End say whether the backlog grew over the window.
+	ArchivedToAccepted float64 `json:"archivedToAccepted"`
+	BacklogStart       int     `json:"backlogStart"`
+	BacklogEnd         int     `json:"backlogEnd"`
+}
+
+// ArchiveLatency is scheduled → each stage, for the sustained events.
+type ArchiveLatency struct {
+	Ack        Percentiles `json:"ack"`
+	Settled    Percentiles `json:"settled"`
+	Reconciled Percentiles `json:"reconciled"`
+	// Archived: scheduled → the last of the three records deleted from the cluster.
+	Archived Percentiles `json:"archived"`
+}
+
+// ArchivePostgres is the archive's size once everything is archived.
+type ArchivePostgres struct {
+	Tables         map[string]PostgresTable `json:"tables"`
+	TotalBytes     int64                    `json:"totalBytes"`
+	DatabaseBytes  int64                    `json:"databaseBytes"`
+	ArchivedEvents int64                    `json:"archivedEvents"`
+	// BytesPerArchivedEvent = TotalBytes ÷ ArchivedEvents (every event of the phase,
+	// warm-up and calibration included); DatabaseGrowthPerEvent = pg_database_size's
+	// growth from the idle sample ÷ the events archived since.
+	BytesPerArchivedEvent  float64 `json:"bytesPerArchivedEvent"`
+	DatabaseGrowthPerEvent float64 `json:"databaseGrowthPerEvent"`
+	// ObjectBytesPerEvent is the three rows' object column (the whole record as JSONB,
+	// stored compressed when large); DuplicatedJSONBytesPerEvent the conditions and
+	// operations columns, which repeat what the object column holds.
+	ObjectBytesPerEvent         float64 `json:"objectBytesPerEvent"`
+	DuplicatedJSONBytesPerEvent float64 `json:"duplicatedJSONBytesPerEvent"`
+	// ObjectTextBytesPerEvent is the same objects as JSON text; CompressedObjectShare
+	// the share of rows whose object PostgreSQL stores compressed (TOAST, pglz).
+	ObjectTextBytesPerEvent float64 `json:"objectTextBytesPerEvent"`
+	CompressedObjectShare   float64 `json:"compressedObjectShare"`
+}
+
+// PostgresTable is one archive table.
+type PostgresTable struct {
+	Table      string `json:"table"`
+	Rows       int64  `json:"rows"`
+	TotalBytes int64  `json:"totalBytes"`
+	// TableBytes: heap, TOAST and maps (pg_table_size); IndexBytes: pg_indexes_size.
+	TableBytes      int64   `json:"tableBytes"`
+	IndexBytes      int64   `json:"indexBytes"`
+	BytesPerRow     float64 `json:"bytesPerRow"`
+	MeanRowBytes    float64 `json:"meanRowBytes"`
+	MeanObjectBytes float64 `json:"meanObjectBytes"`
+}
+
+// Goal is one of issue 11's targets and the measured value: reported, not asserted.
+type Goal struct {
+	Name  string  `json:"name"`
+	Goal  string  `json:"goal"`
+	Value float64 `json:"value"`
+	Unit  string  `json:"unit"`
+	Met   bool    `json:"met"`
+}
+
 // WriteJSON writes the results, creating the directory.
 func (r *Results) WriteJSON(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -287,6 +541,20 @@ func (r *Results) PrintTable(out io.Writer) {
 	fmt.Fprintf(w, "load average: start %s, end %s\n", m.LoadAverageStart, m.LoadAverageEnd)
 	fmt.Fprintf(w, "manager: revision %s, flags %v\n\n", r.Settings.Revision, r.Settings.ManagerArgs)
 
+	if r.Ingestion.Events > 0 {
+		r.printArchiveOff(w)
+	}
+	if r.Archive != nil {
+		r.Archive.print(w)
+	}
+	_ = w.Flush()
+	if len(r.Notes) > 0 {
+		fmt.Fprintf(out, "\nnotes:\n  - %s\n", strings.Join(r.Notes, "\n  - "))
+	}
+}
+
+// printArchiveOff prints items 1-5.
+func (r *Results) printArchiveOff(w io.Writer) {
 	in := r.Ingestion
 	fmt.Fprintf(w, "1-2. INGESTION (%d senders, %d events each)\trate/s\tratio\tp50 ms\tp99 ms\twrites/delivery\n", r.Settings.Senders, in.Events)
 	fmt.Fprintf(w, "  raw create of a minimal WebhookEvent (ceiling)\t%s\t1.000\t%s\t%s\t-\n", f1(in.RawCreatesPerSecond),
@@ -367,8 +635,131 @@ func (r *Results) PrintTable(out io.Writer) {
 	if s := mem.MetricsScrape; s != nil {
 		fmt.Fprintf(w, "  one /metrics scrape at the last level\t%.2f s\tRSS %s → %s\n", s.Seconds, mib(s.RSSBeforeBytes), mib(s.RSSAfterBytes))
 	}
-	_ = w.Flush()
-	if len(r.Notes) > 0 {
-		fmt.Fprintf(out, "\nnotes:\n  - %s\n", strings.Join(r.Notes, "\n  - "))
+	fmt.Fprintln(w)
+}
+
+// print writes item 6.
+func (a *ArchivePhase) print(w io.Writer) {
+	fmt.Fprintf(w, "6. SUSTAINED, ARCHIVE ON (%d events, --archive-after=%gs, reconciliation every %gs, PostgreSQL %s, %.0fs)\n",
+		a.Events, a.ArchiveAfterSeconds, a.ReconcileIntervalSeconds, a.PostgresVersion, a.DurationSeconds)
+	if c := a.Calibration; c != nil {
+		fmt.Fprintf(w, "  calibration burst of %d: accepted %s/s, then settled %s/s, fully archived %s/s (middle 60%%, an upper bound)\n",
+			c.Events, f1(c.AcceptedPerSecond), f1(c.SettledPerSecond), f1(c.ProcessedPerSecond))
+		var steps []string
+		for _, st := range c.Steps {
+			mark := "kept up"
+			if !st.KeptUp {
+				mark = "fell behind"
+			}
+			steps = append(steps, fmt.Sprintf("%s/s: backlog %d→%d %s", f1(st.PerSecond), st.BacklogMiddle, st.BacklogEnd, mark))
+		}
+		fmt.Fprintf(w, "  staircase (%s) → sustainable %s/s\n", strings.Join(steps, "; "), f1(c.SustainablePerSecond))
 	}
+	fmt.Fprintf(w, "  load: target %s/s (%.2f of sustainable), ended at %s/s after %d cuts; offered %s/s; 429/503 %d/%d; failed %d; not archived %d\n",
+		f1(a.TargetPerSecond), a.LoadFraction, f1(a.FinalTargetPerSecond), a.RateCuts, f1(a.OfferedPerSecond),
+		a.Retried429, a.Retried503, a.Failed, a.Unprocessed)
+	fmt.Fprintf(w, "  sample\tprocessed\tbacklog\tlive WE/JC/BS\tEvents\tetcd raw in use\tetcd compacted\trecords in etcd\tRSS\theap in use\tPostgreSQL\tpass s (truncated, needs review)\tlisted-until lag s\n")
+	var load []int
+	for i, s := range a.Samples {
+		if s.Label == "load" && s.Seconds >= a.FitFromSeconds {
+			load = append(load, i)
+		}
+	}
+	row := func(name string, s ArchiveSample) {
+		pass := "-"
+		if p := s.LastPass; p != nil {
+			pass = fmt.Sprintf("%.1f (%v, %d)", p.Seconds, p.Truncated, p.NeedsReview)
+		}
+		fmt.Fprintf(w, "  %s\t%d\t%d\t%d/%d/%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\n", name, s.Processed, s.Backlog,
+			s.LiveObjects["WebhookEvent"], s.LiveObjects["JobCompletion"], s.LiveObjects["BillingSettlement"], s.LiveObjects["Event"],
+			mib(s.EtcdRawInUseBytes), mib(s.EtcdCompactedBytes), mib(s.LiveRecordBytes), mib(s.RSSBytes), mib(s.HeapInuseBytes),
+			mib(s.PostgresBytes), pass, s.ListedUntilLagSeconds)
+	}
+	for i, s := range a.Samples {
+		name := s.Label
+		if len(load) > 0 {
+			switch i {
+			case load[0]:
+				name = "start (load)"
+			case load[len(load)/2]:
+				name = "middle (load)"
+			case load[len(load)-1]:
+				name = "end (load)"
+			}
+		}
+		row(name, s)
+	}
+	sl := a.Slopes
+	fmt.Fprintf(w, "  per processed event, over the %d samples under load from %.0fs (load began at %.0fs)\tleast squares\tend − start\n",
+		a.FitSamples, a.FitFromSeconds, a.LoadStartSeconds)
+	for _, x := range []struct {
+		name string
+		s    Slope
+	}{
+		{"manager RSS (B)", sl.RSSBytes}, {"manager heap in use (B)", sl.HeapInuseBytes},
+		{"etcd, compacted + defragmented (B)", sl.EtcdCompactedBytes},
+		{"etcd, compacted, without Kubernetes Events (B)", sl.EtcdCompactedNoEvent},
+		{"  live WebhookEvent+JobCompletion+BillingSettlement (B)", sl.EtcdRecordBytes},
+		{"  live Kubernetes Events (B; expire after --event-ttl)", sl.EtcdEventBytes},
+		{"etcd history written, until compaction (B)", sl.EtcdHistoryBytes},
+		{"PostgreSQL, 3 tables (B)", sl.PostgresBytes}, {"PostgreSQL, pg_database_size (B)", sl.PostgresDatabase},
+	} {
+		fmt.Fprintf(w, "  %s\t%s\t%s\n", x.name, f1(x.s.LeastSquares), f1(x.s.EndMinusStart))
+	}
+	for _, k := range sortedKeys(sl.LiveObjects) {
+		fmt.Fprintf(w, "  live %s objects\t%.4f\t%.4f\n", k, sl.LiveObjects[k].LeastSquares, sl.LiveObjects[k].EndMinusStart)
+	}
+	r := a.Rates
+	fmt.Fprintf(w, "  rates over %.0fs under load: accepted %s/s, settled %s/s, fully archived %s/s (WE %s, JC %s, BS %s; %s records/s); archived ÷ accepted %.3f; backlog %d → %d\n",
+		r.WindowSeconds, f2(r.AcceptedPerSecond), f2(r.SettledPerSecond), f2(r.ProcessedPerSecond),
+		f2(r.ArchivedPerSecond["WebhookEvent"]), f2(r.ArchivedPerSecond["JobCompletion"]), f2(r.ArchivedPerSecond["BillingSettlement"]),
+		f2(r.ArchivedRecordsPerSecond), r.ArchivedToAccepted, r.BacklogStart, r.BacklogEnd)
+	l := a.Latency
+	fmt.Fprintf(w, "  latency from scheduled, p50/p99 ms: ack %s/%s, settled %s/%s, reconciled %s/%s, archived %s/%s\n",
+		f1(l.Ack.P50), f1(l.Ack.P99), f1(l.Settled.P50), f1(l.Settled.P99), f1(l.Reconciled.P50), f1(l.Reconciled.P99),
+		f1(l.Archived.P50), f1(l.Archived.P99))
+	pg := a.Postgres
+	fmt.Fprintf(w, "  PostgreSQL after %d archived events: %s in 3 tables = %.0f B/event (database grew %.0f B/event); object JSONB %.0f B/event stored (%.0f B as JSON text; %.0f%% of rows compressed), duplicated JSON columns %.0f B/event\n",
+		pg.ArchivedEvents, mib(pg.TotalBytes), pg.BytesPerArchivedEvent, pg.DatabaseGrowthPerEvent, pg.ObjectBytesPerEvent,
+		pg.ObjectTextBytesPerEvent, 100*pg.CompressedObjectShare, pg.DuplicatedJSONBytesPerEvent)
+	for _, k := range []string{"WebhookEvent", "JobCompletion", "BillingSettlement"} {
+		t := pg.Tables[k]
+		fmt.Fprintf(w, "    %s\t%d rows\t%.0f B/row (table %.0f + indexes %.0f); mean row %.0f B, object %.0f B\n", t.Table, t.Rows, t.BytesPerRow,
+			perRow(t.TableBytes, t.Rows), perRow(t.IndexBytes, t.Rows), t.MeanRowBytes, t.MeanObjectBytes)
+	}
+	fmt.Fprintf(w, "  API-server writes per event %s, etcd puts %s, bytes sent to etcd %.0f\n", f2(a.WritesPerEvent), f2(a.EtcdPutsPerEvent), a.EtcdReceivedBytesPerEvent)
+	for _, s := range a.Writes {
+		if s.PerEvent >= 0.05 {
+			fmt.Fprintf(w, "    %s\t%s\n", s.Write, f2(s.PerEvent))
+		}
+	}
+	for _, ctl := range sortedKeys(a.Controllers) {
+		cc := a.Controllers[ctl]
+		total := 0.0
+		for _, v := range cc.ReconcilesPerEvent {
+			total += v
+		}
+		if total < 0.05 {
+			continue
+		}
+		fmt.Fprintf(w, "  %s controller\t%.2f reconciles × %.1f ms = %.1f worker-ms/event; %d workers → ≤ %.0f events/s\n",
+			ctl, total, cc.MeanReconcileMs, cc.WorkerMsPerEvent, cc.Workers, cc.MaxEventsPerSecond)
+	}
+	for _, k := range sortedKeys(a.ArchiveMetrics) {
+		fmt.Fprintf(w, "  %s\t%.0f\n", k, a.ArchiveMetrics[k])
+	}
+	fmt.Fprintf(w, "  GOALS (reported, not asserted)\tgoal\tmeasured\tmet\n")
+	for _, g := range a.Goals {
+		fmt.Fprintf(w, "  %s\t%s\t%s %s\t%v\n", g.Name, g.Goal, f2(g.Value), g.Unit, g.Met)
+	}
+	for _, n := range a.Notes {
+		fmt.Fprintf(w, "  note: %s\n", n)
+	}
+}
+
+func perRow(b, rows int64) float64 {
+	if rows == 0 {
+		return 0
+	}
+	return float64(b) / float64(rows)
 }

@@ -50,3 +50,21 @@ func ratio(a, b float64) float64 {
 	}
 	return round(a/b, 3)
 }
+
+// leastSquares fits y = intercept + slope·x; ok is false with fewer than two distinct xs.
+func leastSquares(xs, ys []float64) (slope, intercept float64, ok bool) {
+	if len(xs) < 2 || len(xs) != len(ys) {
+		return 0, 0, false
+	}
+	var sx, sy, sxx, sxy float64
+	for i := range xs {
+		sx, sy, sxx, sxy = sx+xs[i], sy+ys[i], sxx+xs[i]*xs[i], sxy+xs[i]*ys[i]
+	}
+	n := float64(len(xs))
+	d := n*sxx - sx*sx
+	if d == 0 {
+		return 0, 0, false
+	}
+	slope = (n*sxy - sx*sy) / d
+	return slope, (sy - slope*sx) / n, true
+}

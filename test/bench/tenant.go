@@ -28,14 +28,18 @@ const (
 // WebhookProvider whose job.completed events complete the job (sink None) and charge
 // its usage through the BillingProvider at billingURL, so the objects have the size
 // and the fan-out of a typical route. billingURL "" skips the BillingProvider (the
-// ingestion phase runs no controllers).
-func tenant(ctx context.Context, k client.Client, ns, billingURL string) error {
+// ingestion phase runs no controllers); tune adjusts the BillingProvider.
+func tenant(ctx context.Context, k client.Client, ns, billingURL string, tune ...func(*hooksv1alpha1.BillingProvider)) error {
 	objs := []client.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}}
 	for _, s := range fixtures.Secrets(ns, billingToken) {
 		objs = append(objs, s)
 	}
 	if billingURL != "" {
-		objs = append(objs, fixtures.BillingProvider(ns, billingURL))
+		bp := fixtures.BillingProvider(ns, billingURL)
+		for _, f := range tune {
+			f(bp)
+		}
+		objs = append(objs, bp)
 	}
 	objs = append(objs, fixtures.WebhookProvider(ns))
 	for _, o := range objs {

@@ -12,6 +12,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -459,10 +460,14 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 	page := listPage{Items: []WireRecord{}}
 	var last *entry
 	more := false
-	for _, e := range s.sortedLocked() {
-		if e.CreatedAt.Before(since) || (after != nil && !after.before(e)) {
-			continue
-		}
+	sorted := s.sortedLocked()
+	// The page starts at the first record at or after since and after the cursor
+	// (both hold for a suffix of the List order).
+	first := sort.Search(len(sorted), func(i int) bool {
+		e := sorted[i]
+		return !e.CreatedAt.Before(since) && (after == nil || after.before(e))
+	})
+	for _, e := range sorted[first:] {
 		if len(page.Items) == s.opts.PageSize {
 			more = true
 			break

@@ -78,7 +78,9 @@ type Server struct {
 	// forgotten holds entries whose key the provider no longer deduplicates (its
 	// idempotency window passed, see ForgetKeys): they still count as charges, and a
 	// lookup by key still finds the newest entry of a key.
-	forgotten    []*entry
+	forgotten []*entry
+	// sorted caches the ledger in List order (nil: rebuild); new entries sort last.
+	sorted       []*entry
 	lookupFaults []fault         // consumed one per GET /settlements/{key}
 	minimal      bool            // lookups answer only id, status and the keys (see MinimalLookups)
 	log          []Call          // every §6.1 call, in order
@@ -479,14 +481,28 @@ func (s *Server) Import(rec billing.Record) error {
 		e.ID = fmt.Sprintf("imp_%06d", e.seq)
 	}
 	s.byKey[e.IdempotencyKey] = e
+	s.addedLocked(e)
 	return nil
 }
 
-// sortedLocked returns the ledger in List order. mu must be held.
+// sortedLocked returns the ledger in List order; callers must not modify it. mu must
+// be held. It is cached: a reconciliation pass lists page after page of a ledger
+// that a benchmark grows to tens of thousands of records.
 func (s *Server) sortedLocked() []*entry {
-	out := s.allLocked()
-	sort.Slice(out, func(i, j int) bool { return out[i].before(out[j]) })
-	return out
+	if s.sorted == nil {
+		s.sorted = s.allLocked()
+		sort.Slice(s.sorted, func(i, j int) bool { return s.sorted[i].before(s.sorted[j]) })
+	}
+	return s.sorted
+}
+
+// addedLocked keeps the cached order when e is a new entry. mu must be held.
+func (s *Server) addedLocked(e *entry) {
+	if n := len(s.sorted); n > 0 && s.sorted[n-1].before(e) {
+		s.sorted = append(s.sorted, e)
+		return
+	}
+	s.sorted = nil
 }
 
 // commit applies the provider-side idempotency rule: a new key becomes one ledger
@@ -517,5 +533,6 @@ func (s *Server) commit(key string, p params) (rec WireRecord, created, reused b
 		}
 	}
 	s.byKey[key] = e
+	s.addedLocked(e)
 	return e.wire(), true, false
 }

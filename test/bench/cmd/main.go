@@ -33,6 +33,7 @@ func main() {
 	)
 	flag.StringVar(&out, "out", filepath.Join(testenv.RepoRoot(), "bench", "results.json"), "Where to write the results.")
 	flag.StringVar(&cfg.ManagerBinary, "manager", "", "Manager binary to run (default: go build ./cmd).")
+	flag.StringVar(&cfg.WorkDir, "work-dir", "", "Keep the kubeconfigs and the managers' logs here (default: a temporary directory, removed after a successful run).")
 	flag.StringVar(&mgrArgs, "manager-args", "", "Extra manager flags, space-separated (e.g. --max-concurrent-reconciles=8).")
 	flag.IntVar(&cfg.Senders, "senders", 16, "Concurrent senders for the raw/accepted/duplicate comparison.")
 	flag.IntVar(&cfg.Rounds, "rounds", 3, "Rounds of the raw/accepted/duplicate comparison.")
@@ -46,7 +47,21 @@ func main() {
 	flag.StringVar(&retained, "retained", "1000,10000,50000", "Retained-event counts at which the manager's RSS is read.")
 	flag.DurationVar(&cfg.Budget, "budget", 5*time.Minute+45*time.Second,
 		"Wall-time target: retained-event levels that would overrun it are extrapolated, not measured.")
+	flag.IntVar(&cfg.ArchiveEvents, "archive-events", 50000,
+		"Events the sustained phase with the archive on (item 6) pushes through the whole pipeline; 0 skips it. Smaller values make quick runs.")
+	flag.BoolVar(&cfg.ArchiveOnly, "archive-only", false, "Run item 6 only (skip items 1-5).")
+	flag.DurationVar(&cfg.ArchiveAfter, "archive-after", 5*time.Second, "The manager's --archive-after in item 6.")
+	flag.DurationVar(&cfg.ReconcileInterval, "archive-reconcile-interval", 5*time.Second,
+		"The BillingProvider's spec.reconciliation.interval in item 6 (only settlements a pass confirmed are archived).")
+	flag.IntVar(&cfg.CalibrationEvents, "archive-calibration-events", 600,
+		"Burst sent before item 6's open-loop staircase to measure the rate the pipeline sustains; negative skips both (then set -archive-rate).")
+	flag.Float64Var(&cfg.ArchiveLoad, "archive-load", 0.9, "Item 6 runs at this fraction of the sustainable rate the staircase found.")
+	flag.Float64Var(&cfg.ArchiveRate, "archive-rate", 0, "Item 6's delivery rate per second instead of the calibrated one.")
+	flag.IntVar(&cfg.ArchiveSamples, "archive-samples", 10, "Samples item 6 takes under load (plus one before and one after).")
 	flag.Parse()
+	if cfg.ArchiveEvents == 0 {
+		cfg.ArchiveEvents = -1
+	}
 	cfg.UnderCapacityLevel = &underCap
 	cfg.ManagerArgs = strings.Fields(mgrArgs)
 	ctrl.SetLogger(zap.New(zap.Level(zapcore.ErrorLevel)))
