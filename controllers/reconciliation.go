@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -223,7 +224,8 @@ func (r *BillingProviderReconciler) compare(ctx context.Context, bp *hooksv1alph
 				jc.Spec.JobID, jc.Spec.Completion.Version, name)}})
 	}
 	// A settlement that left for the archive is not missing.
-	if err := r.addUnlessArchived(ctx, bp.Namespace, jobFindings, p, r.archivedSettlementNames); err != nil {
+	if err := r.addUnlessArchived(ctx, bp.Namespace, jobFindings, p, r.archivedSettlementNames,
+		func() client.Object { return &hooksv1alpha1.BillingSettlement{} }); err != nil {
 		return err
 	}
 
@@ -258,7 +260,8 @@ func (r *BillingProviderReconciler) compare(ctx context.Context, bp *hooksv1alph
 	}
 
 	// A job whose completion left for the archive is not missing.
-	if err := r.addUnlessArchived(ctx, bp.Namespace, settlementFindings, p, r.archivedJobNames); err != nil {
+	if err := r.addUnlessArchived(ctx, bp.Namespace, settlementFindings, p, r.archivedJobNames,
+		func() client.Object { return &hooksv1alpha1.JobCompletion{} }); err != nil {
 		return err
 	}
 
@@ -318,11 +321,14 @@ type archivedCheck struct {
 	d   hooksv1alpha1.Discrepancy
 }
 
-// addUnlessArchived adds the findings whose key the archive does not hold (all of
-// them without an archive). An archive that does not answer fails the pass: reporting
-// an archived record as missing would send a human after a charge that is fine.
+// addUnlessArchived adds the findings whose key (the name of the missing object) the
+// archive does not hold (all of them without an archive) and that the API server does
+// not have either: the pass compares cached lists taken one after the other, so a
+// record created or archived in between would otherwise be reported as missing. An
+// archive that does not answer fails the pass: reporting an archived record as missing
+// would send a human after a charge that is fine.
 func (r *BillingProviderReconciler) addUnlessArchived(ctx context.Context, ns string, checks []archivedCheck, p *passState,
-	known func(context.Context, string, []string) (map[string]bool, error)) error {
+	known func(context.Context, string, []string) (map[string]bool, error), newObj func() client.Object) error {
 	if len(checks) == 0 {
 		return nil
 	}
@@ -341,11 +347,33 @@ func (r *BillingProviderReconciler) addUnlessArchived(ctx context.Context, ns st
 		p.examined["Archived"] += int32(len(archived))
 	}
 	for _, c := range checks {
-		if !archived[c.key] {
-			p.add(c.d)
+		if archived[c.key] || r.existsLive(ctx, ns, c.key, newObj()) {
+			continue
 		}
+		p.add(c.d)
 	}
 	return nil
+}
+
+// existsLive reads an object from the API server (not the cache); an error counts as
+// "not there", so a finding is reported rather than hidden.
+func (r *BillingProviderReconciler) existsLive(ctx context.Context, ns, name string, obj client.Object) bool {
+	if r.APIReader == nil || name == "" {
+		return false
+	}
+	return r.APIReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, obj) == nil
+}
+
+// inFlight reports whether the settlement a provider record names exists now, under
+// the record's idempotency key (live, not from the cache).
+func (r *BillingProviderReconciler) inFlight(ctx context.Context, ns string, rec billing.Record) bool {
+	k, ok := identity.ParseSettlementKey(rec.SettlementKey)
+	if !ok {
+		return false
+	}
+	var bs hooksv1alpha1.BillingSettlement
+	return r.existsLive(ctx, ns, identity.SettlementNameFor(k.Provider, rec.SettlementKey), &bs) &&
+		bs.Spec.IdempotencyKey == rec.IdempotencyKey
 }
 
 func (r *BillingProviderReconciler) archivedSettlementNames(ctx context.Context, ns string, names []string) (map[string]bool, error) {
@@ -381,6 +409,9 @@ func (r *BillingProviderReconciler) compareUnknown(ctx context.Context, ns strin
 	}
 	for _, rec := range recs {
 		bs, ok := archived[rec.IdempotencyKey]
+		if !ok && r.inFlight(ctx, ns, rec) {
+			continue // created after the pass listed the settlements: the next pass compares it
+		}
 		if !ok {
 			p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyProviderRecordWithoutSettlement,
 				ProviderRef: rec.ID, Action: hooksv1alpha1.RepairManualReview,
