@@ -55,6 +55,7 @@ func main() {
 		watchNamespaces      string
 		leaderElectionID     string
 		operatorNamespace    string
+		transitionEvents     bool
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080",
 		"Address the metrics endpoint binds to; \"0\" disables it.")
@@ -66,6 +67,8 @@ func main() {
 		"Allow HTTP/2 on the metrics server (off: HTTP/2 Rapid Reset and Stream Cancellation CVEs).")
 	flag.StringVar(&leaderNamespace, "leader-election-namespace", "",
 		"Namespace of the leader-election Lease; required with --leader-elect outside a cluster.")
+	flag.BoolVar(&transitionEvents, "transition-events", false,
+		"Record a Normal Kubernetes Event for every routine step of a charge (submitted, settled); warnings, dead letters, replays and supersedes are always recorded.")
 	flag.IntVar(&workers, "max-concurrent-reconciles", 4,
 		"Records each controller works on at once; settlements call the billing provider, so a slow provider must not hold the others back.")
 	flag.StringVar(&recvOpts.BindAddress, "receiver-bind-address", ":8090",
@@ -208,7 +211,7 @@ func main() {
 	}
 	if err := (&controllers.BillingSettlementReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: workers, Archive: store,
-		Recorder: mgr.GetEventRecorder(controllers.BillingSettlementControllerName),
+		Recorder: mgr.GetEventRecorder(controllers.BillingSettlementControllerName), TransitionEvents: transitionEvents,
 	}).SetupWithManager(mgr); err != nil {
 		log.Error(err, "unable to set up controller", "controller", controllers.BillingSettlementControllerName)
 		os.Exit(1)

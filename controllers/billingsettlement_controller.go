@@ -71,6 +71,11 @@ type BillingSettlementReconciler struct {
 	// never sent again, a settlement leaves only once it is archived, and compensations
 	// count the archived refunds of their charge (docs/design.md §12).
 	Archive *archive.Store
+	// TransitionEvents records a Normal Kubernetes Event for every routine step of a
+	// charge (submitted, settled). Off by default: Events are for what a human acts on
+	// (warnings, dead letters, replays), and two routine Events per charge were a fifth
+	// of the API writes and most of the etcd bytes per event (docs/decisions.md).
+	TransitionEvents bool
 
 	clients providerClients
 }

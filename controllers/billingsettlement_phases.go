@@ -552,7 +552,7 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 		return observation{}, hold, err
 	}
 	r.countTransition(s)
-	if s.before.Status.Attempts == 0 {
+	if s.before.Status.Attempts == 0 && r.TransitionEvents {
 		r.Recorder.Eventf(bs, nil, corev1.EventTypeNormal, hooksv1alpha1.ReasonSubmittedToProvider, "Submit",
 			"submitting to %s with key %s", s.provider.Name, bs.Spec.IdempotencyKey)
 	}

@@ -91,10 +91,14 @@ func (r *BillingSettlementReconciler) apply(ctx context.Context, s *settlementSc
 		msg := fmt.Sprintf("settled by %s as %s", provider, st.ProviderRef)
 		r.cond(bs, hooksv1alpha1.ConditionSettled, metav1.ConditionTrue, hooksv1alpha1.ReasonProviderSettled, msg)
 		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionTrue, hooksv1alpha1.ReasonProviderSettled, msg)
+		// A settled dead letter answers its RetriesExhausted Warning with an Event;
+		// a routine settlement records one only when asked to.
 		if findCondition(bs, hooksv1alpha1.ConditionDeadLettered) != nil {
 			r.cond(bs, hooksv1alpha1.ConditionDeadLettered, metav1.ConditionFalse, hooksv1alpha1.ReasonProviderSettled, "settled")
+			r.Recorder.Eventf(bs, nil, corev1.EventTypeNormal, hooksv1alpha1.ReasonProviderSettled, "Settle", "%s", msg)
+		} else if r.TransitionEvents {
+			r.Recorder.Eventf(bs, nil, corev1.EventTypeNormal, hooksv1alpha1.ReasonProviderSettled, "Settle", "%s", msg)
 		}
-		r.Recorder.Eventf(bs, nil, corev1.EventTypeNormal, hooksv1alpha1.ReasonProviderSettled, "Settle", "%s", msg)
 		r.observeReceiptToSettled(ctx, bs)
 	case d.state == hooksv1alpha1.SettlementFailed && from != hooksv1alpha1.SettlementFailed:
 		msg := d.message
