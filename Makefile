@@ -45,6 +45,8 @@ help: ## Display this help.
 .PHONY: manifests
 manifests: controller-gen ## Generate CRDs and the manager's ClusterRole from the markers.
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd webhook paths="./..." output:crd:artifacts:config=config/crd/bases
+	@# Join the hard-wrapped doc comments into paragraphs for `kubectl explain`.
+	go run ./hack/reflow-crds config/crd/bases/*.yaml
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods.

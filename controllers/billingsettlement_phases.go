@@ -37,6 +37,9 @@ const waitForReference = 30 * time.Second
 func (r *BillingSettlementReconciler) observeGeneration(_ context.Context, s *settlementScope) (ctrl.Result, error) {
 	bs, st := s.bs, &s.bs.Status
 	st.ObservedGeneration = bs.Generation
+	if st.Charge == "" { // rides along with the first status write: no write of its own
+		st.Charge = chargeDisplay(&bs.Spec)
+	}
 	if st.State == "" {
 		st.State = hooksv1alpha1.SettlementPending
 		r.cond(bs, hooksv1alpha1.ConditionSubmitted, metav1.ConditionFalse, hooksv1alpha1.ReasonAwaitingSubmission, "not sent to the provider yet")

@@ -12,6 +12,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/money"
 )
 
 // Status computation of a settlement: a decision (settlement_decision.go) becomes
@@ -244,4 +245,19 @@ func truncateToken(t string) string {
 		return t[:256]
 	}
 	return t
+}
+
+// chargeDisplay is status.charge: what the settlement charges, for the CHARGE column.
+func chargeDisplay(spec *hooksv1alpha1.BillingSettlementSpec) string {
+	var parts []string
+	if a := spec.Amount; a != nil {
+		parts = append(parts, money.FormatAmount(a.Minor, a.Currency))
+	}
+	if u := spec.Usage; u != nil {
+		parts = append(parts, money.FormatUsage(u.Quantity, u.Unit))
+	}
+	if len(parts) == 2 {
+		return parts[0] + " (" + parts[1] + ")"
+	}
+	return strings.Join(parts, "")
 }

@@ -135,6 +135,7 @@ var _ = Describe("the failure matrix (docs/design.md §9)", func() {
 		Expect(bs.Status.State).To(Equal(hooksv1alpha1.SettlementSettled))
 		Expect(bs.Status.ProviderRef).NotTo(BeEmpty())
 		Expect(bs.Status.Attempts).To(Equal(int32(1)))
+		Expect(bs.Status.Charge).To(Equal("1523 tokens"), "the CHARGE column")
 		Expect(bs.Spec.IdempotencyKey).To(Equal(identity.NamespacedIdempotencyKey(ns, key(ns, "job-happy"))))
 		Expect(bs.Finalizers).To(ContainElement(hooksv1alpha1.FinalizerSettlementProtection))
 		Expect(condition(bs.Status.Conditions, hooksv1alpha1.ConditionSettled).Status).To(Equal(metav1.ConditionTrue))

@@ -308,6 +308,12 @@ type BillingSettlementStatus struct {
 	// +optional
 	State SettlementState `json:"state,omitempty"`
 
+	// charge is what the settlement charges, for reading: "12.50 USD" for an amount, "1523
+	// tokens" for usage, both when it has both. Written once from the immutable spec.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Charge string `json:"charge,omitempty"`
+
 	// attempts is how many calls were made to submit it (all with the same key).
 	// +optional
 	Attempts int32 `json:"attempts,omitempty"`
@@ -417,9 +423,10 @@ type BillingSettlementStatus struct {
 // +kubebuilder:resource:shortName=bs,categories=settlement
 // +kubebuilder:printcolumn:name="Customer",type=string,JSONPath=`.spec.customer`
 // +kubebuilder:printcolumn:name="Type",type=string,JSONPath=`.spec.type`
-// +kubebuilder:printcolumn:name="Amount",type=integer,JSONPath=`.spec.amount.minor`,description="Amount in the currency's minor unit"
-// +kubebuilder:printcolumn:name="Currency",type=string,JSONPath=`.spec.amount.currency`
-// +kubebuilder:printcolumn:name="Usage",type=string,JSONPath=`.spec.usage.quantity`
+// +kubebuilder:printcolumn:name="Charge",type=string,JSONPath=`.status.charge`,description="What it charges: an amount in the major unit with its currency, or usage with its unit"
+// +kubebuilder:printcolumn:name="Amount",type=integer,JSONPath=`.spec.amount.minor`,priority=1,description="Amount in the currency's minor unit"
+// +kubebuilder:printcolumn:name="Currency",type=string,JSONPath=`.spec.amount.currency`,priority=1
+// +kubebuilder:printcolumn:name="Usage",type=string,JSONPath=`.spec.usage.quantity`,priority=1
 // +kubebuilder:printcolumn:name="Unit",type=string,JSONPath=`.spec.usage.unit`,priority=1
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
 // +kubebuilder:printcolumn:name="Attempts",type=integer,JSONPath=`.status.attempts`

@@ -125,15 +125,15 @@ type ReconciliationReportStatus struct {
 
 	// discrepancies is the total number of findings.
 	// +optional
-	Discrepancies int32 `json:"discrepancies,omitempty"`
+	Discrepancies int32 `json:"discrepancies"`
 
 	// repaired is how many findings an automatic repair was carried out for.
 	// +optional
-	Repaired int32 `json:"repaired,omitempty"`
+	Repaired int32 `json:"repaired"`
 
 	// needsReview is how many findings need a human (ManualReview).
 	// +optional
-	NeedsReview int32 `json:"needsReview,omitempty"`
+	NeedsReview int32 `json:"needsReview"`
 
 	// byType counts findings per type.
 	// +optional

@@ -402,6 +402,7 @@ type WebhookProviderStatus struct {
 // +kubebuilder:resource:shortName=whp,categories=settlement
 // +kubebuilder:printcolumn:name="Scheme",type=string,JSONPath=`.spec.signature.scheme`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,description="Why it is (not) ready: the Ready condition's reason"
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpointPath`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63",message="WebhookProvider names are limited to 63 characters: they are used as label values and prefix every derived object name"

@@ -6,12 +6,14 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -410,7 +412,7 @@ var _ = Describe("what an operator sees", func() {
 		bs := sampleSettlement(ns, "visible")
 		Expect(k8s.Create(ctx, bs)).To(Succeed())
 		bs.Status = hooksv1alpha1.BillingSettlementStatus{
-			State: hooksv1alpha1.SettlementSettled, Attempts: 3, ProviderRef: "pay_77",
+			State: hooksv1alpha1.SettlementSettled, Attempts: 3, ProviderRef: "pay_77", Charge: "12.50 USD (1523 tokens)",
 			Conditions: []metav1.Condition{{Type: hooksv1alpha1.ConditionReady, Status: metav1.ConditionTrue,
 				Reason: hooksv1alpha1.ReasonProviderSettled, Message: "settled", LastTransitionTime: metav1.Now()}},
 		}
@@ -421,10 +423,14 @@ var _ = Describe("what an operator sees", func() {
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		Expect(lines).To(HaveLen(2), out)
 		Expect(strings.Fields(lines[0])).To(Equal([]string{
-			"NAME", "CUSTOMER", "TYPE", "AMOUNT", "CURRENCY", "USAGE", "STATE", "ATTEMPTS", "PROVIDER-REF", "REASON", "AGE",
+			"NAME", "CUSTOMER", "TYPE", "CHARGE", "STATE", "ATTEMPTS", "PROVIDER-REF", "REASON", "AGE",
 		}))
-		row := strings.Fields(lines[1])
-		Expect(row[:10]).To(Equal([]string{"visible", "cus_42", "Charge", "1250", "USD", "1523", "Settled", "3", "pay_77", "ProviderSettled"}))
+		// One CHARGE column reads the same for usage and amounts (issue 13): never a blank
+		// AMOUNT and CURRENCY for a usage charge.
+		Expect(lines[1]).To(MatchRegexp(`^visible\s+cus_42\s+Charge\s+12\.50 USD \(1523 tokens\)\s+Settled\s+3\s+pay_77\s+ProviderSettled\s`))
+		out, errOut, err = runKubectl("get", "billingsettlements", "-n", ns, "-o", "wide")
+		Expect(err).NotTo(HaveOccurred(), errOut)
+		Expect(strings.Fields(strings.SplitN(out, "\n", 2)[0])).To(ContainElements("AMOUNT", "CURRENCY", "USAGE", "EXPOSURE", "KEY"))
 
 		// The short name and the category reach the same objects.
 		out, errOut, err = runKubectl("get", "bs", "-n", ns, "-o", "name")
@@ -440,6 +446,12 @@ var _ = Describe("what an operator sees", func() {
 	It("resolves every kind's printer columns through the API server's Table output", func() {
 		ns := newNamespace()
 		Expect(k8s.Create(ctx, sampleProvider(ns, "tbl"))).To(Succeed())
+		Expect(k8s.Create(ctx, &hooksv1alpha1.BillingProvider{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "tbl"},
+			Spec: hooksv1alpha1.BillingProviderSpec{
+				Endpoint: "https://billing.example.com", CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "token"},
+			},
+		})).To(Succeed())
 		for _, resource := range []string{
 			"webhookproviders", "billingproviders", "webhookevents",
 			"jobcompletions", "billingsettlements", "reconciliationreports",
@@ -451,6 +463,29 @@ var _ = Describe("what an operator sees", func() {
 		out, errOut, err := runKubectl("get", "webhookproviders", "-n", ns)
 		Expect(err).NotTo(HaveOccurred(), errOut)
 		Expect(out).To(MatchRegexp(`tbl\s+StandardWebhooks`))
+		// Why a provider is not ready is one glance away (issue 13).
+		for _, resource := range []string{"webhookproviders", "billingproviders"} {
+			out, errOut, err := runKubectl("get", resource, "-n", ns)
+			Expect(err).NotTo(HaveOccurred(), errOut)
+			Expect(strings.Fields(strings.SplitN(out+"\n", "\n", 2)[0])).To(ContainElement("REASON"), resource)
+		}
+	})
+
+	It("shows a report with nothing found as 0, not blank", func() {
+		ns := newNamespace()
+		rr := &hooksv1alpha1.ReconciliationReport{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing-quiet"},
+			Spec: hooksv1alpha1.ReconciliationReportSpec{
+				BillingProviderRef: "billing",
+				WindowStart:        metav1.Unix(1000, 0), WindowEnd: metav1.Unix(2000, 0),
+			},
+		}
+		Expect(k8s.Create(ctx, rr)).To(Succeed())
+		rr.Status.Phase = hooksv1alpha1.ReportCompleted
+		Expect(k8s.Status().Update(ctx, rr)).To(Succeed())
+		out, errOut, err := runKubectl("get", "reconciliationreports", "-n", ns)
+		Expect(err).NotTo(HaveOccurred(), errOut)
+		Expect(out).To(MatchRegexp(`(?m)^billing-quiet\s+billing\s+\S+\s+Completed\s+0\s+0\s+0\s`))
 	})
 
 	It("documents the API in `kubectl explain`", func() {
@@ -463,6 +498,31 @@ var _ = Describe("what an operator sees", func() {
 		out, errOut, err = runKubectl("explain", "webhookprovider.spec.signature.secretRef")
 		Expect(err).NotTo(HaveOccurred(), errOut)
 		Expect(out).To(ContainSubstring("rotated"))
+	})
+
+	It("never breaks a sentence of `kubectl explain` in the middle of its line", func() {
+		// kubectl wraps descriptions itself: a newline inside a paragraph (a Go doc
+		// comment's wrap) shows as a ragged break. Every installed CRD is checked.
+		scheme := testenv.Scheme()
+		Expect(apiextensionsv1.AddToScheme(scheme)).To(Succeed())
+		reader, err := client.New(cfg, client.Options{Scheme: scheme})
+		Expect(err).NotTo(HaveOccurred())
+		var crds apiextensionsv1.CustomResourceDefinitionList
+		Expect(reader.List(ctx, &crds)).To(Succeed())
+		var broken []string
+		for _, crd := range crds.Items {
+			if crd.Spec.Group != hooksv1alpha1.GroupVersion.Group {
+				continue
+			}
+			for _, v := range crd.Spec.Versions {
+				walkDescriptions(v.Schema.OpenAPIV3Schema, crd.Spec.Names.Kind, func(path, d string) {
+					if line, ok := midParagraphBreak(d); ok {
+						broken = append(broken, path+": "+line)
+					}
+				})
+			}
+		}
+		Expect(broken).To(BeEmpty())
 	})
 })
 
@@ -478,3 +538,39 @@ var _ = Describe("status subresource", func() {
 		Expect(got.Generation).To(Equal(int64(1)))
 	})
 })
+
+// walkDescriptions calls fn with every description in a schema and its path.
+func walkDescriptions(p *apiextensionsv1.JSONSchemaProps, path string, fn func(path, d string)) {
+	if p == nil {
+		return
+	}
+	if p.Description != "" {
+		fn(path, p.Description)
+	}
+	for name, prop := range p.Properties {
+		walkDescriptions(&prop, path+"."+name, fn)
+	}
+	if p.Items != nil {
+		walkDescriptions(p.Items.Schema, path+"[]", fn)
+	}
+	if p.AdditionalProperties != nil {
+		walkDescriptions(p.AdditionalProperties.Schema, path+"{}", fn)
+	}
+}
+
+// midParagraphBreak finds a line of a description that ends inside a paragraph: the
+// next line is neither blank, nor a list item, nor indented (an example).
+func midParagraphBreak(d string) (string, bool) {
+	lines := strings.Split(d, "\n")
+	for i := 0; i+1 < len(lines); i++ {
+		next := lines[i+1]
+		if strings.TrimSpace(lines[i]) == "" || strings.TrimSpace(next) == "" ||
+			strings.HasPrefix(next, " ") || listMarker.MatchString(next) {
+			continue
+		}
+		return lines[i], true
+	}
+	return "", false
+}
+
+var listMarker = regexp.MustCompile(`^(?:[-*+] |[0-9]+[.)] )`)
