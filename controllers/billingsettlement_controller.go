@@ -71,8 +71,18 @@ type BillingSettlementReconciler struct {
 	// never sent again, a settlement leaves only once it is archived, and compensations
 	// count the archived refunds of their charge (docs/design.md §12).
 	Archive *archive.Store
+	// CredentialRecheckInterval is how soon a settlement whose provider's Secret is
+	// refused (CredentialsNotAllowed) looks again (30s): Secrets are not watched.
+	CredentialRecheckInterval time.Duration
 
 	clients providerClients
+}
+
+func (r *BillingSettlementReconciler) credentialRecheck() time.Duration {
+	if r.CredentialRecheckInterval > 0 {
+		return r.CredentialRecheckInterval
+	}
+	return waitForReference
 }
 
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingsettlements,verbs=get;list;watch;update;patch

@@ -96,7 +96,7 @@ var _ = Describe("credentials go only where they are meant to (issue 12)", func(
 		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 		// The namespace's own Secrets, made by someone who may: the sender's signing
 		// secret, and a database password that has nothing to do with billing.
-		Expect(k8s.Create(ctx, fixtures.Secrets(ns, "unused")[0])).To(Succeed())
+		Expect(k8s.Create(ctx, fixtures.Secrets(ns, "unused", "")[0])).To(Succeed())
 		Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: dbSecret},
 			StringData: map[string]string{"password": dbPassword}})).To(Succeed())
 
@@ -194,7 +194,7 @@ var _ = Describe("credentials go only where they are meant to (issue 12)", func(
 
 // jobSinkFor is an HTTP job sink at url whose bearer token is key "password" of secret.
 func jobSinkFor(url, secret string) *hooksv1alpha1.JobSink {
-	return &hooksv1alpha1.JobSink{Type: hooksv1alpha1.JobSinkHTTP, URL: url,
+	return &hooksv1alpha1.JobSink{Type: hooksv1alpha1.JobSinkHTTP, URL: url, AllowInsecureHTTP: true,
 		CredentialsSecretRef: &hooksv1alpha1.SecretKeyReference{Name: secret, Key: "password"}}
 }
 
