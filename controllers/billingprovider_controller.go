@@ -59,8 +59,18 @@ type BillingProviderReconciler struct {
 	// Archive, when set, holds the records that left the cluster: the reconciliation
 	// pass compares the provider with cluster ∪ archive (docs/design.md §12).
 	Archive *archive.Store
+	// CredentialRecheckInterval is how soon missing or refused credentials are looked
+	// at again (1m): Secrets are not watched, so this is how a fix is noticed.
+	CredentialRecheckInterval time.Duration
 
 	clients providerClients
+}
+
+func (r *BillingProviderReconciler) credentialRecheck() time.Duration {
+	if r.CredentialRecheckInterval > 0 {
+		return r.CredentialRecheckInterval
+	}
+	return time.Minute
 }
 
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingproviders,verbs=get;list;watch;patch
@@ -116,14 +126,23 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 	}()
 	bp.Status.ObservedGeneration = bp.Generation
 
+	// No pass and no call without usable credentials: the pass is the first thing that
+	// would send the token to the endpoint.
 	c, err := r.clientFor(ctx, bp)
 	if err != nil {
+		reason := ReasonBillingProviderNotFound
+		if isCredentialRefused(err) {
+			reason = hooksv1alpha1.ReasonCredentialsNotAllowed
+			if prev := apimeta.FindStatusCondition(before.Status.Conditions, hooksv1alpha1.ConditionReady); prev == nil || prev.Reason != reason {
+				r.Recorder.Eventf(bp, nil, corev1.EventTypeWarning, reason, "CheckCredentials", "%s", truncateMessage(err.Error()))
+			}
+		}
 		setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
-			ReasonBillingProviderNotFound, truncateMessage(err.Error()))
-		return ctrl.Result{RequeueAfter: time.Minute}, nil
+			reason, truncateMessage(err.Error()))
+		return ctrl.Result{RequeueAfter: r.credentialRecheck()}, nil
 	}
 	setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
-		hooksv1alpha1.ReasonValid, "credentials found; settlements are sent to "+bp.Spec.Endpoint)
+		hooksv1alpha1.ReasonValid, "credentials found and allowed for this endpoint; settlements are sent to "+bp.Spec.Endpoint)
 
 	policy := reconciliationPolicyOf(bp)
 	now := r.now()

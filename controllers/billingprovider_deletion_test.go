@@ -166,7 +166,7 @@ var _ = Describe("deleting a namespace (issue 10, known limit)", func() {
 			"the calls now fail for want of credentials")
 
 		// The Secret cannot be put back: a Terminating namespace admits no new object.
-		for _, sec := range fixtures.Secrets(ns, billingToken) {
+		for _, sec := range fixtures.Secrets(ns, billingToken, billing.URL()) {
 			err := k8s.Create(ctx, sec)
 			Expect(apierrors.IsForbidden(err)).To(BeTrue(), "create %s in a terminating namespace: %v", sec.Name, err)
 		}

@@ -76,8 +76,18 @@ type BillingSettlementReconciler struct {
 	// (warnings, dead letters, replays), and two routine Events per charge were a fifth
 	// of the API writes and most of the etcd bytes per event (docs/decisions.md).
 	TransitionEvents bool
+	// CredentialRecheckInterval is how soon a settlement whose provider's Secret is
+	// refused (CredentialsNotAllowed) looks again (30s): Secrets are not watched.
+	CredentialRecheckInterval time.Duration
 
 	clients providerClients
+}
+
+func (r *BillingSettlementReconciler) credentialRecheck() time.Duration {
+	if r.CredentialRecheckInterval > 0 {
+		return r.CredentialRecheckInterval
+	}
+	return waitForReference
 }
 
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingsettlements,verbs=get;list;watch;update;patch

@@ -265,8 +265,14 @@ func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *se
 	s.provider, s.policy, s.target = &bp, policyOf(&bp), targetOf(&bp)
 	c, err := r.clients.get(ctx, r.APIReader, r.NewClient, &bp)
 	if err != nil {
-		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, ReasonBillingProviderNotFound, truncateMessage(err.Error()))
-		return ctrl.Result{RequeueAfter: waitForReference}, nil
+		// A wait, never a failure: nothing was sent, and a settlement that may already
+		// hold money keeps its exposure until the credentials are usable again.
+		reason, wait := ReasonBillingProviderNotFound, waitForReference
+		if isCredentialRefused(err) {
+			reason, wait = hooksv1alpha1.ReasonCredentialsNotAllowed, r.credentialRecheck()
+		}
+		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, reason, truncateMessage(err.Error()))
+		return ctrl.Result{RequeueAfter: wait}, nil
 	}
 	s.client = c
 	// The original's key travels in every request and every comparison.
@@ -301,7 +307,8 @@ func (r *BillingSettlementReconciler) resolveProviderIfHeld(ctx context.Context,
 	res, err := r.resolveProvider(ctx, s)
 	if !res.IsZero() {
 		why := "the BillingProvider or its credentials are missing"
-		if c := findCondition(s.bs, hooksv1alpha1.ConditionReady); c != nil && c.Reason == ReasonBillingProviderNotFound {
+		if c := findCondition(s.bs, hooksv1alpha1.ConditionReady); c != nil &&
+			(c.Reason == ReasonBillingProviderNotFound || c.Reason == hooksv1alpha1.ReasonCredentialsNotAllowed) {
 			why = c.Message // names the missing provider or Secret
 		}
 		r.holdDeletion(s, why)

@@ -45,6 +45,9 @@ type JobCompletionReconciler struct {
 	// MaxConcurrentReconciles is how many records are worked on at once (1): calls to
 	// slow peers must not queue every other record behind them.
 	MaxConcurrentReconciles int
+	// CredentialRecheckInterval is how soon a completion whose sink Secret is refused
+	// (CredentialsNotAllowed) looks again (1m): Secrets are not watched.
+	CredentialRecheckInterval time.Duration
 }
 
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=jobcompletions,verbs=get;list;watch
@@ -105,7 +108,10 @@ func (r *JobCompletionReconciler) reconcile(ctx context.Context, jc *hooksv1alph
 		return ctrl.Result{}, nil
 	}
 
-	token, err := readSecretKey(ctx, r.APIReader, jc.Namespace, sink.CredentialsSecretRef)
+	token, err := readCredential(ctx, r.APIReader, jc.Namespace, sink.CredentialsSecretRef, hooksv1alpha1.CredentialForJobSink, sink.URL)
+	if isCredentialRefused(err) {
+		return r.credentialsRefused(jc, err), nil
+	}
 	if err != nil {
 		// Counted like an attempt so the backoff grows: a missing Secret must not be
 		// re-read every second.
@@ -158,6 +164,28 @@ func (r *JobCompletionReconciler) reconcile(ctx context.Context, jc *hooksv1alph
 		return r.defer404(jc, sink)
 	}
 	return ctrl.Result{}, nil
+}
+
+// credentialsRefused leaves the version Pending, unsent, while its sink's Secret does
+// not opt in to being sent there: no attempt is counted (nothing was tried), and the
+// Secret is read again every CredentialRecheckInterval.
+func (r *JobCompletionReconciler) credentialsRefused(jc *hooksv1alpha1.JobCompletion, err error) ctrl.Result {
+	st := &jc.Status
+	wait := r.CredentialRecheckInterval
+	if wait <= 0 {
+		wait = time.Minute
+	}
+	next := metav1.NewTime(r.now().Add(wait))
+	msg := truncateMessage("sink credentials: " + err.Error())
+	if st.LastError != msg {
+		r.Recorder.Eventf(jc, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonCredentialsNotAllowed, "Apply", "%s", msg)
+	}
+	st.State, st.LastError, st.NextAttemptAt = hooksv1alpha1.JobCompletionPending, msg, &next
+	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse,
+		hooksv1alpha1.ReasonCredentialsNotAllowed, msg)
+	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+		hooksv1alpha1.ReasonCredentialsNotAllowed, "waiting for the sink's Secret to opt in; nothing is sent until then")
+	return ctrl.Result{RequeueAfter: wait}
 }
 
 func (r *JobCompletionReconciler) untilNextAttempt(st *hooksv1alpha1.JobCompletionStatus) time.Duration {

@@ -138,7 +138,7 @@ var _ = Describe("keys (issue 10)", func() {
 	It("gives each tenant its own job sink key", func() {
 		withSink := func(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
 			wp.Spec.Routes[0].Operations[0].JobCompletion.Sink = &hooksv1alpha1.JobSink{
-				Type: hooksv1alpha1.JobSinkHTTP, URL: sink.URL(), DeferDeadline: &metav1.Duration{Duration: time.Minute}}
+				Type: hooksv1alpha1.JobSinkHTTP, URL: sink.URL(), AllowInsecureHTTP: true, DeferDeadline: &metav1.Duration{Duration: time.Minute}}
 		}
 		nsA, nsB := newTenant(withSink), newTenant(withSink)
 		sink.Register("job-sink-tenants")

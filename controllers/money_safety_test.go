@@ -255,6 +255,9 @@ var _ = Describe("money safety (issue 10)", func() {
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fixtures.BillingProviderName}, &bp)).To(Succeed())
 		patch := client.MergeFrom(bp.DeepCopy())
 		bp.Spec.Endpoint = other.URL()
+		// The token may go to both: what holds the settlement is money, not credentials.
+		patchSecret(ns, fixtures.BillingSecretName, nil, map[string]string{
+			hooksv1alpha1.AnnotationCredentialDestinations: billing.URL() + "," + other.URL()})
 		Expect(k8s.Patch(ctx, &bp, patch)).To(Succeed())
 		Eventually(readyReason(bs)).Should(Equal(hooksv1alpha1.ReasonProviderChanged))
 		Consistently(func() int { c := other.Calls(); return c.Posts + c.Gets }).WithTimeout(2 * time.Second).Should(BeZero())

@@ -506,7 +506,7 @@ var _ = Describe("settlement lifecycle", func() {
 	It("defers a completion the job sink does not know yet, then applies it once the job exists", func() {
 		ns := newTenant(func(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
 			wp.Spec.Routes[0].Operations[0].JobCompletion.Sink = &hooksv1alpha1.JobSink{
-				Type: hooksv1alpha1.JobSinkHTTP, URL: sink.URL(), DeferDeadline: &metav1.Duration{Duration: time.Minute}}
+				Type: hooksv1alpha1.JobSinkHTTP, URL: sink.URL(), AllowInsecureHTTP: true, DeferDeadline: &metav1.Duration{Duration: time.Minute}}
 		})
 		sendOK(ns, "msg_sink", jobEvent("job-sink", 3, 1))
 		Eventually(jobState(ns, "job-sink")).

@@ -24,7 +24,9 @@ type providerClients struct {
 
 func (pc *providerClients) get(ctx context.Context, reader client.Reader,
 	newClient func(billing.HTTPConfig) (billing.Client, error), bp *hooksv1alpha1.BillingProvider) (billing.Client, error) {
-	token, err := readSecretKey(ctx, reader, bp.Namespace, &bp.Spec.CredentialsSecretRef)
+	// Read on every use, so a Secret that stops opting in is no longer sent.
+	token, err := readCredential(ctx, reader, bp.Namespace, &bp.Spec.CredentialsSecretRef,
+		hooksv1alpha1.CredentialForBilling, bp.Spec.Endpoint)
 	if err != nil {
 		return nil, err
 	}

@@ -182,7 +182,7 @@ var _ = Describe("reconciliation reports (docs/design.md §7)", func() {
 	It("asks the provider about a settlement stuck Submitted and re-dispatches a stale event", func() {
 		ns := reconcilingTenant(func(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
 			wp.Spec.Routes[0].Operations[0].JobCompletion.Sink = &hooksv1alpha1.JobSink{
-				Type: hooksv1alpha1.JobSinkHTTP, URL: sink.URL(), DeferDeadline: &metav1.Duration{Duration: 10 * time.Minute}}
+				Type: hooksv1alpha1.JobSinkHTTP, URL: sink.URL(), AllowInsecureHTTP: true, DeferDeadline: &metav1.Duration{Duration: 10 * time.Minute}}
 		})
 		Expect(billing.SetDown(true)).To(Succeed())
 		downed := true

@@ -125,12 +125,15 @@ func startManager(opts ...managerOptions) *runningManager {
 		SecretRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
 	Expect((&controllers.WebhookEventReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("webhookevent"), Archive: o.store}).SetupWithManager(m)).To(Succeed())
+	// Secrets are not watched: a fixed opt-in is seen at the next recheck, 1s here.
 	Expect((&controllers.JobCompletionReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
-		Recorder: m.GetEventRecorder("jobcompletion")}).SetupWithManager(m)).To(Succeed())
+		Recorder: m.GetEventRecorder("jobcompletion"), CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
 	Expect((&controllers.BillingSettlementReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
-		Recorder: m.GetEventRecorder("billingsettlement"), Archive: o.store}).SetupWithManager(m)).To(Succeed())
+		Recorder: m.GetEventRecorder("billingsettlement"), Archive: o.store,
+		CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
 	Expect((&controllers.BillingProviderReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
-		Recorder: m.GetEventRecorder("billingprovider"), Archive: o.store}).SetupWithManager(m)).To(Succeed())
+		Recorder: m.GetEventRecorder("billingprovider"), Archive: o.store,
+		CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
 	recvOpts := receiver.Options{BindAddress: "127.0.0.1:0", SecretTTL: time.Second}
 	if o.store != nil {
 		Expect((&controllers.Archiver{Client: m.GetClient(), Archive: o.store, After: o.archiveAfter,
@@ -169,14 +172,15 @@ func newTenant(mutate ...func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.Web
 	GinkgoHelper()
 	ns := fmt.Sprintf("ops-%d", nsCounter.Add(1))
 	Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
-	for _, sec := range fixtures.Secrets(ns, billingToken) {
-		Expect(k8s.Create(ctx, sec)).To(Succeed())
-	}
 	bp := fixtures.BillingProvider(ns, billing.URL())
 	bp.Spec.RequestTimeout = fixtures.Duration(time.Second)
 	wp := fixtures.WebhookProvider(ns)
 	for _, m := range mutate {
 		m(bp, wp)
+	}
+	// The billing token opts in to the endpoint the provider ends up with.
+	for _, sec := range fixtures.Secrets(ns, billingToken, bp.Spec.Endpoint) {
+		Expect(k8s.Create(ctx, sec)).To(Succeed())
 	}
 	Expect(k8s.Create(ctx, bp)).To(Succeed())
 	Expect(k8s.Create(ctx, wp)).To(Succeed())

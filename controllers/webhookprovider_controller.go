@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -108,8 +109,44 @@ func (r *WebhookProviderReconciler) check(ctx context.Context, p *hooksv1alpha1.
 		return metav1.ConditionFalse, hooksv1alpha1.ReasonSecretInvalid,
 			fmt.Sprintf("Secret %q holds no non-empty key", key.Name), nil
 	}
+	if status, reason, message, err := r.checkSinkCredentials(ctx, p); err != nil || status != "" {
+		return status, reason, message, err
+	}
 	return metav1.ConditionTrue, hooksv1alpha1.ReasonValid,
 		fmt.Sprintf("receiving at %s with %d signing key(s)", p.Status.EndpointPath, usable), nil
+}
+
+// checkSinkCredentials makes a route's job sink Secret that is missing or does not
+// opt in to being sent to the sink visible on the provider (Ready=False), before a
+// completion waits on it. Deliveries are still received: the completions wait, unsent.
+// It returns an empty status when every sink's credentials are usable.
+func (r *WebhookProviderReconciler) checkSinkCredentials(ctx context.Context, p *hooksv1alpha1.WebhookProvider) (metav1.ConditionStatus, string, string, error) {
+	for _, route := range p.Spec.Routes {
+		for _, op := range route.Operations {
+			if op.JobCompletion == nil || op.JobCompletion.Sink == nil || op.JobCompletion.Sink.CredentialsSecretRef == nil {
+				continue
+			}
+			sink := op.JobCompletion.Sink
+			_, err := readCredential(ctx, r.APIReader, p.Namespace, sink.CredentialsSecretRef, hooksv1alpha1.CredentialForJobSink, sink.URL)
+			switch {
+			case err == nil:
+				continue
+			case isCredentialRefused(err):
+				return metav1.ConditionFalse, hooksv1alpha1.ReasonCredentialsNotAllowed, truncateMessage(fmt.Sprintf(
+					"deliveries are received, but job completions of route %q wait: %v", route.EventType, err)), nil
+			case apierrors.IsNotFound(err):
+				return metav1.ConditionFalse, hooksv1alpha1.ReasonSecretNotFound, truncateMessage(fmt.Sprintf(
+					"deliveries are received, but job completions of route %q wait: the sink's Secret %q is not found",
+					route.EventType, sink.CredentialsSecretRef.Name)), nil
+			case errors.Is(err, errCredentialKeyMissing):
+				return metav1.ConditionFalse, hooksv1alpha1.ReasonSecretInvalid, truncateMessage(fmt.Sprintf(
+					"deliveries are received, but job completions of route %q wait: %v", route.EventType, err)), nil
+			default:
+				return "", "", "", fmt.Errorf("check job sink credentials of route %q: %w", route.EventType, err)
+			}
+		}
+	}
+	return "", "", "", nil
 }
 
 // nextRetentionSweep shows when retention next deletes one of the provider's events.

@@ -367,6 +367,10 @@ fi
 step "configuring a WebhookProvider (Standard Webhooks) and a BillingProvider"
 k create secret generic inference-webhook-secret -n "$ns" --from-file=key="$state/webhook-secret" | sed 's/^/    /'
 k create secret generic billing-api-token -n "$ns" --from-file=token="$state/billing-token" | sed 's/^/    /'
+# The operator sends a token only where its Secret says it may go (docs/decisions.md
+# "Credentials (issue 12)"): the use as a label, the endpoint as an annotation.
+k label secret billing-api-token -n "$ns" hooks.settlement.dev/credential-for=billing | sed 's/^/    /'
+k annotate secret billing-api-token -n "$ns" hooks.settlement.dev/credential-destinations="$billing_url" | sed 's/^/    /'
 k apply --server-side -n "$ns" -f config/samples/hooks_v1alpha1_webhookprovider.yaml | sed 's/^/    /'
 k apply --server-side -f - <<EOF | sed 's/^/    /'
 apiVersion: hooks.settlement.dev/v1alpha1

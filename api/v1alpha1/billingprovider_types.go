@@ -111,7 +111,10 @@ type BillingProviderSpec struct {
 	// +optional
 	AllowInsecureHTTP bool `json:"allowInsecureHTTP,omitempty"`
 
-	// credentialsSecretRef names the Secret key holding the bearer token.
+	// credentialsSecretRef names the Secret key holding the bearer token. The Secret
+	// must opt in: label hooks.settlement.dev/credential-for=billing and the endpoint
+	// listed in annotation hooks.settlement.dev/credential-destinations; until then
+	// nothing is sent to the endpoint (Ready=False, CredentialsNotAllowed).
 	// +required
 	CredentialsSecretRef SecretKeyReference `json:"credentialsSecretRef"`
 
@@ -159,7 +162,8 @@ type BillingProviderStatus struct {
 	// +kubebuilder:validation:MaxLength=253
 	LastReport string `json:"lastReport,omitempty"`
 
-	// conditions: Ready is True when the credentials Secret exists and has its key;
+	// conditions: Ready is True when the credentials Secret exists, opts in to billing
+	// at this endpoint, and has its key;
 	// Deleting is True while a deletion waits for settlements that may have moved
 	// money at this provider and are not resolved yet.
 	// +optional

@@ -36,6 +36,26 @@ const (
 	// settlement created again later proves nothing and is ignored.
 	AnnotationFreshForJob = "hooks.settlement.dev/fresh-for-job"
 
+	// LabelCredentialFor opts a Secret in to one use by the operator: "billing" (a
+	// BillingProvider's bearer token) or "job-sink" (an HTTP job sink's bearer
+	// token). The operator sends no Secret that does not carry it with the use's value,
+	// so a user who may create BillingProviders or WebhookProviders but not read
+	// Secrets cannot make the operator send one of the namespace's Secrets anywhere
+	// (docs/design.md §6, decisions.md "Credentials (issue 12)"). Adding a label needs
+	// `patch` on the Secret, which a user who cannot read it does not have. A label,
+	// not an annotation, so `kubectl get secrets -A -l hooks.settlement.dev/credential-for`
+	// lists everything the operator may send.
+	LabelCredentialFor = "hooks.settlement.dev/credential-for"
+
+	// AnnotationCredentialDestinations lists, on a Secret that opts in with
+	// LabelCredentialFor, where its value may be sent: URL prefixes separated by
+	// commas or white space, e.g. "https://billing.example.com/v1". A BillingProvider's
+	// endpoint or a job sink's url must match one (same scheme, host and port; the
+	// path equal to the prefix's or below it), or the Secret is not sent: an opted-in
+	// billing token cannot be pointed at another server by whoever may edit a
+	// BillingProvider.
+	AnnotationCredentialDestinations = "hooks.settlement.dev/credential-destinations"
+
 	// FinalizerSettlementProtection blocks deletion of a BillingSettlement whose outcome
 	// at the provider is unknown, so a charge can never lose its local record.
 	FinalizerSettlementProtection = "hooks.settlement.dev/settlement-protection"
@@ -64,6 +84,18 @@ const (
 	// ReasonBillingProviderNotReady: a record waits for its BillingProvider or the
 	// provider's credentials.
 	ReasonBillingProviderNotReady = "BillingProviderNotReady"
+	// ReasonCredentialsNotAllowed: the referenced Secret does not opt in to this use
+	// or this destination (LabelCredentialFor, AnnotationCredentialDestinations); it is
+	// not sent, and everything that needs it waits. The message names what to add.
+	ReasonCredentialsNotAllowed = "CredentialsNotAllowed"
+)
+
+// Values of LabelCredentialFor: the uses a Secret can opt in to.
+const (
+	// CredentialForBilling: a BillingProvider's bearer token.
+	CredentialForBilling = "billing"
+	// CredentialForJobSink: an HTTP job sink's bearer token.
+	CredentialForJobSink = "job-sink"
 )
 
 // SecretReference names a Secret in the same namespace as the referring object.
@@ -165,7 +197,17 @@ type JobSink struct {
 	// +kubebuilder:validation:Pattern=`^https?://[^\s]+$`
 	URL string `json:"url,omitempty"`
 
-	// credentialsSecretRef names the Secret key holding a bearer token for the job service.
+	// allowInsecureHTTP permits an http:// url (a job service inside the cluster
+	// network, or a local test); a WebhookProvider route refuses http:// without it.
+	// A bearer token is still sent only to a destination its Secret lists
+	// (hooks.settlement.dev/credential-destinations), scheme included.
+	// +optional
+	AllowInsecureHTTP bool `json:"allowInsecureHTTP,omitempty"`
+
+	// credentialsSecretRef names the Secret key holding a bearer token for the job
+	// service. The Secret must opt in: label hooks.settlement.dev/credential-for=job-sink
+	// and the url listed in annotation hooks.settlement.dev/credential-destinations;
+	// until then nothing is sent and the completion waits.
 	// +optional
 	CredentialsSecretRef *SecretKeyReference `json:"credentialsSecretRef,omitempty"`
 

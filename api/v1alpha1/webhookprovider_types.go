@@ -167,6 +167,9 @@ type AmountMapping struct {
 }
 
 // JobCompletionMapping says how to read a job completion from a payload.
+// The https rule lives here, where users write sinks, and not on JobSink: events and
+// job completions stored before it copy their sink unchanged and must stay valid.
+// +kubebuilder:validation:XValidation:rule="!has(self.sink) || !has(self.sink.url) || self.sink.url.startsWith('https://') || (has(self.sink.allowInsecureHTTP) && self.sink.allowInsecureHTTP)",message="sink.url must use https:// unless sink.allowInsecureHTTP is true (a bearer token and job data would travel in clear text)"
 type JobCompletionMapping struct {
 	// jobID is the JSON path of the job's ID.
 	// +required

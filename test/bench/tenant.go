@@ -31,7 +31,7 @@ const (
 // ingestion phase runs no controllers); tune adjusts the BillingProvider.
 func tenant(ctx context.Context, k client.Client, ns, billingURL string, tune ...func(*hooksv1alpha1.BillingProvider)) error {
 	objs := []client.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}}
-	for _, s := range fixtures.Secrets(ns, billingToken) {
+	for _, s := range fixtures.Secrets(ns, billingToken, billingURL) {
 		objs = append(objs, s)
 	}
 	if billingURL != "" {

@@ -212,7 +212,10 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 		Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-webhook-secret"},
 			StringData: map[string]string{"key": whsec}})).To(Succeed())
-		Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing-api-token"},
+		// The billing token opts in to being sent to this endpoint, as the README shows.
+		Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing-api-token",
+			Labels:      map[string]string{hooksv1alpha1.LabelCredentialFor: hooksv1alpha1.CredentialForBilling},
+			Annotations: map[string]string{hooksv1alpha1.AnnotationCredentialDestinations: billing.URL()}},
 			StringData: map[string]string{"token": "deploy-suite-token"}})).To(Succeed())
 		Expect(k8s.Create(ctx, &hooksv1alpha1.BillingProvider{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing"},

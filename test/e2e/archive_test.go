@@ -88,7 +88,7 @@ var _ = Describe("the archive on real processes (docs/design.md §12)", Ordered,
 
 		By("configuring the archive tenant; passes every 2s, since only settlements a pass confirmed are archived")
 		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: archNS}})).To(Succeed())
-		for _, sec := range fixtures.Secrets(archNS, billingToken) {
+		for _, sec := range fixtures.Secrets(archNS, billingToken, billing.URL()) {
 			Expect(k8s.Create(ctx, sec)).To(Succeed())
 		}
 		bp := fixtures.BillingProvider(archNS, billing.URL())
@@ -98,7 +98,7 @@ var _ = Describe("the archive on real processes (docs/design.md §12)", Ordered,
 			StuckAfter: fixtures.Duration(time.Minute), EventStaleAfter: fixtures.Duration(2 * time.Minute), KeepReports: 5}
 		Expect(k8s.Create(ctx, bp)).To(Succeed())
 		wp := fixtures.WebhookProvider(archNS)
-		wp.Spec.Routes[0].Operations[0].JobCompletion.Sink = &hooksv1alpha1.JobSink{Type: hooksv1alpha1.JobSinkHTTP, URL: sink.URL()}
+		wp.Spec.Routes[0].Operations[0].JobCompletion.Sink = &hooksv1alpha1.JobSink{Type: hooksv1alpha1.JobSinkHTTP, URL: sink.URL(), AllowInsecureHTTP: true}
 		Expect(k8s.Create(ctx, wp)).To(Succeed())
 
 		By("restarting both replicas with the archive on, records archived 2s after they finish")

@@ -103,7 +103,7 @@ var _ = BeforeSuite(func() {
 	for _, n := range []string{ns, leaderNS} {
 		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}})).To(Succeed())
 	}
-	for _, sec := range fixtures.Secrets(ns, billingToken) {
+	for _, sec := range fixtures.Secrets(ns, billingToken, billing.URL()) {
 		Expect(k8s.Create(ctx, sec)).To(Succeed())
 	}
 	bp := fixtures.BillingProvider(ns, billing.URL())
@@ -113,7 +113,7 @@ var _ = BeforeSuite(func() {
 		StuckAfter: fixtures.Duration(time.Minute), EventStaleAfter: fixtures.Duration(2 * time.Minute), KeepReports: 5}
 	Expect(k8s.Create(ctx, bp)).To(Succeed())
 	wp := fixtures.WebhookProvider(ns)
-	wp.Spec.Routes[0].Operations[0].JobCompletion.Sink = &hooksv1alpha1.JobSink{Type: hooksv1alpha1.JobSinkHTTP, URL: sink.URL()}
+	wp.Spec.Routes[0].Operations[0].JobCompletion.Sink = &hooksv1alpha1.JobSink{Type: hooksv1alpha1.JobSinkHTTP, URL: sink.URL(), AllowInsecureHTTP: true}
 	Expect(k8s.Create(ctx, wp)).To(Succeed())
 
 	By("starting two manager replicas with leader election")
