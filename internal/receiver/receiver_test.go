@@ -515,7 +515,7 @@ var _ = Describe("load and lifecycle", func() {
 	BeforeEach(func() {
 		ns = newNamespace()
 		install(inferenceProvider(ns), map[string]string{"current": swhSecret})
-		r = New(Options{BindAddress: "127.0.0.1:0", MaxInFlight: 1, ShutdownTimeout: 10 * time.Second},
+		r = New(Options{BindAddress: "127.0.0.1:0", MaxInFlightPerProvider: 1, ShutdownTimeout: 10 * time.Second},
 			mgrCache, k8s, k8s, recv.recorder)
 		var rctx context.Context
 		rctx, stop = context.WithCancel(ctx)
@@ -528,7 +528,7 @@ var _ = Describe("load and lifecycle", func() {
 	AfterEach(func() { stop() })
 
 	// slowDelivery starts a signed delivery whose body is held back until release is
-	// called: it occupies an in-flight slot the whole time.
+	// called: it occupies its provider's in-flight slot the whole time.
 	slowDelivery := func(id string) (release func(), result chan *http.Response) {
 		h, err := signature.Sign(swh, []byte(swhSecret), id, time.Now(), []byte(completedV2))
 		Expect(err).NotTo(HaveOccurred())
@@ -548,12 +548,16 @@ var _ = Describe("load and lifecycle", func() {
 		return func() { _, _ = pw.Write([]byte(completedV2[10:])); _ = pw.Close() }, result
 	}
 
-	It("answers 429 with Retry-After above the in-flight limit", func() {
+	It("answers 429 with Retry-After, naming the limit, above the provider's in-flight limit", func() {
 		release, result := slowDelivery("msg_slow")
 		Eventually(func() float64 { return testutil.ToFloat64(inFlight) }).Should(BeNumerically(">=", 1))
+		before := testutil.ToFloat64(throttled.WithLabelValues(LimitProvider))
 		resp := plainPost(target, "application/json", completedV2)
 		Expect(resp.StatusCode).To(Equal(http.StatusTooManyRequests))
 		Expect(resp.Header.Get("Retry-After")).To(Equal("1"))
+		b, _ := io.ReadAll(resp.Body)
+		Expect(decode(string(b))).To(HaveKeyWithValue("error", OutcomeBusyProvider))
+		Expect(testutil.ToFloat64(throttled.WithLabelValues(LimitProvider))).To(Equal(before + 1))
 		release()
 		Expect((<-result).StatusCode).To(Equal(http.StatusOK))
 	})
