@@ -74,7 +74,15 @@ func main() {
 	flag.StringVar(&recvOpts.BindAddress, "receiver-bind-address", ":8090",
 		"Address the webhook receiver binds to (every replica receives).")
 	flag.IntVar(&recvOpts.MaxInFlight, "receiver-max-in-flight", 64,
-		"Deliveries processed at once; more are answered 429 with Retry-After.")
+		"Deliveries verifying their signature or being stored at once, per replica (a slow body holds none); more are answered 429 with Retry-After.")
+	flag.IntVar(&recvOpts.MaxInFlightPerNamespace, "receiver-max-in-flight-per-namespace", 32,
+		"Deliveries in flight for one namespace (one tenant), body read included; more are answered 429, so one tenant cannot take every slot.")
+	flag.IntVar(&recvOpts.MaxInFlightPerProvider, "receiver-max-in-flight-per-provider", 16,
+		"Deliveries in flight for one WebhookProvider, body read included; more are answered 429 at that provider only.")
+	flag.DurationVar(&recvOpts.AdmissionWait, "receiver-admission-wait", time.Second,
+		"How long a delivery waits for a free in-flight slot before it is answered 429; smooths a sender's bursts.")
+	flag.DurationVar(&recvOpts.BodyReadTimeout, "receiver-body-read-timeout", 10*time.Second,
+		"A delivery's request, body included, must arrive within this; a slower one is answered 408 and its connection closed.")
 	flag.Int64Var(&recvOpts.MaxBodyBytes, "receiver-max-body-bytes", 1<<20, "Largest accepted delivery body; larger ones get 413.")
 	flag.DurationVar(&recvOpts.APITimeout, "receiver-api-timeout", 10*time.Second,
 		"Bound on each API-server call of a delivery; past it the delivery is answered 503.")
@@ -112,6 +120,11 @@ func main() {
 
 	if archiveURL == "" {
 		archiveURL = os.Getenv("ARCHIVE_DATABASE_URL")
+	}
+	if recvOpts.MaxInFlight < 1 || recvOpts.MaxInFlightPerNamespace < 1 || recvOpts.MaxInFlightPerProvider < 1 ||
+		recvOpts.BodyReadTimeout <= 0 || recvOpts.AdmissionWait <= 0 {
+		log.Error(errors.New("--receiver-max-in-flight, --receiver-max-in-flight-per-namespace, --receiver-max-in-flight-per-provider, --receiver-body-read-timeout and --receiver-admission-wait must be positive"), "invalid flags")
+		os.Exit(2)
 	}
 	if archiveAfter <= 0 {
 		log.Error(errors.New("--archive-after must be positive"), "invalid flags")

@@ -31,6 +31,8 @@ const (
 // SignatureSpec configures how deliveries are authenticated.
 // +kubebuilder:validation:XValidation:rule="self.scheme == 'HMACSHA256' ? has(self.header) : !has(self.header)",message="header is required for scheme HMACSHA256 and not allowed for other schemes (their header names are fixed)"
 // +kubebuilder:validation:XValidation:rule="self.scheme == 'HMACSHA256' || (!has(self.prefix) && !has(self.encoding) && !has(self.timestampHeader))",message="prefix, encoding and timestampHeader only apply to scheme HMACSHA256"
+// +kubebuilder:validation:XValidation:rule="self.scheme != 'HMACSHA256' || has(self.timestampHeader) || (has(self.insecureAllowReplay) && self.insecureAllowReplay)",message="scheme HMACSHA256 needs timestampHeader: the timestamp is signed with the body and checked against tolerance, so a captured delivery cannot be replayed later; only if the sender cannot send one, set insecureAllowReplay: true and accept that a captured delivery can be replayed forever"
+// +kubebuilder:validation:XValidation:rule="!(has(self.insecureAllowReplay) && self.insecureAllowReplay) || (self.scheme == 'HMACSHA256' && !has(self.timestampHeader))",message="insecureAllowReplay only applies to scheme HMACSHA256 without timestampHeader (every other configuration signs a timestamp)"
 type SignatureSpec struct {
 	// scheme is the signature format the sender uses.
 	// +required
@@ -65,6 +67,15 @@ type SignatureSpec struct {
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9-]+$`
 	TimestampHeader string `json:"timestampHeader,omitempty"`
 
+	// insecureAllowReplay, for scheme HMACSHA256 only, accepts a sender that signs the
+	// body alone, with no timestamp: a captured delivery then verifies forever, and only
+	// event-ID deduplication (for as long as the event is kept) stands between a replay
+	// and its effects. Without timestampHeader this must be set explicitly;
+	// `kubectl get whp` shows it in the REPLAYABLE column.
+	// +optional
+	// +kubebuilder:default=false
+	InsecureAllowReplay bool `json:"insecureAllowReplay,omitempty"`
+
 	// tolerance is how far a signed timestamp may be from the receiver's clock, in
 	// either direction, before the delivery is refused as a possible replay.
 	// +optional
@@ -72,7 +83,8 @@ type SignatureSpec struct {
 	Tolerance *metav1.Duration `json:"tolerance,omitempty"`
 }
 
-// FieldSource locates a value in a delivery: a request header or a JSON path.
+// FieldSource locates a value in a delivery: a request header or a JSON path. A
+// header is accepted only where the signature covers it (WebhookProviderSpec's rules).
 // +kubebuilder:validation:XValidation:rule="has(self.header) != has(self.jsonPath)",message="set exactly one of header or jsonPath"
 type FieldSource struct {
 	// header is the name of a request header holding the value.
@@ -90,7 +102,10 @@ type FieldSource struct {
 // EventIDSource says where a delivery's event ID comes from.
 // +kubebuilder:validation:XValidation:rule="[has(self.header), has(self.jsonPath), has(self.derivedFrom)].filter(x, x).size() == 1",message="set exactly one of header, jsonPath or derivedFrom"
 type EventIDSource struct {
-	// header is the name of a request header holding the event ID (e.g. "webhook-id").
+	// header is the name of a request header holding the event ID: only "webhook-id"
+	// with scheme StandardWebhooks, the one header a scheme signs that identifies an
+	// event. Stripe and HMACSHA256 sign only the body (and a timestamp), so their
+	// event ID must come from the payload (jsonPath or derivedFrom).
 	// +optional
 	// +kubebuilder:validation:MaxLength=128
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9-]+$`
@@ -319,6 +334,13 @@ type RetentionSpec struct {
 }
 
 // WebhookProviderSpec configures one sender of webhooks.
+//
+// Every field that decides an effect comes from signed bytes: a header outside the
+// signature would let anyone holding one captured delivery re-type or re-identify it
+// and replay it (docs/design.md §4; decisions.md "Signed fields (issue 12)"). The only
+// header a scheme signs that can identify an event is StandardWebhooks' webhook-id.
+// +kubebuilder:validation:XValidation:rule="!has(self.eventID.header) || (self.signature.scheme == 'StandardWebhooks' && self.eventID.header.lowerAscii() == 'webhook-id')",message="eventID.header is outside the signature: only webhook-id with scheme StandardWebhooks is signed; take the event ID from the payload (jsonPath or derivedFrom), which every scheme signs"
+// +kubebuilder:validation:XValidation:rule="!has(self.eventType.header) || (self.signature.scheme == 'StandardWebhooks' && self.eventType.header.lowerAscii() == 'webhook-id')",message="eventType.header is outside the signature (the only signed header is StandardWebhooks' webhook-id, an ID, not a type), so a captured delivery could be replayed as another event type: take the event type from the payload (jsonPath), which every scheme signs"
 type WebhookProviderSpec struct {
 	// signature configures authentication of deliveries.
 	// +required
@@ -404,6 +426,7 @@ type WebhookProviderStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=whp,categories=settlement
 // +kubebuilder:printcolumn:name="Scheme",type=string,JSONPath=`.spec.signature.scheme`
+// +kubebuilder:printcolumn:name="Replayable",type=boolean,JSONPath=`.spec.signature.insecureAllowReplay`,description="true: the sender signs no timestamp, so a captured delivery verifies forever (insecureAllowReplay)"
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,description="Why it is (not) ready: the Ready condition's reason"
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpointPath`

@@ -123,6 +123,7 @@ func Compile(namespace, providerName string, spec *hooksv1alpha1.WebhookProvider
 	if x.typeHeader == "" && x.typePath == nil {
 		c.fail("spec.eventType: set one of header or jsonPath")
 	}
+	checkSignedSources(c, spec)
 	for ri, r := range spec.Routes {
 		if _, dup := x.routes[r.EventType]; dup {
 			c.fail("spec.routes[%d]: event type %q has two routes", ri, r.EventType)
@@ -645,6 +646,28 @@ func truncate(s string) string {
 		return s[:40] + "…"
 	}
 	return s
+}
+
+// checkSignedSources refuses a spec that would take a field deciding an effect from
+// bytes the signature does not cover, or that accepts a generic HMAC with no signed
+// timestamp without saying so. The CRD refuses the same (CEL on WebhookProviderSpec and
+// SignatureSpec); this check catches objects stored before those rules existed, so the
+// receiver never serves them (503, the Ready condition says why) instead of trusting
+// an unsigned header (decisions.md "Signed fields (issue 12)").
+func checkSignedSources(c *compiler, spec *hooksv1alpha1.WebhookProviderSpec) {
+	scheme := string(spec.Signature.Scheme)
+	signed := signature.SignedIDHeader(scheme)
+	for _, f := range []struct{ field, header string }{
+		{"spec.eventID.header", spec.EventID.Header}, {"spec.eventType.header", spec.EventType.Header},
+	} {
+		if f.header != "" && (signed == "" || !strings.EqualFold(f.header, signed)) {
+			c.fail("%s: header %s is not covered by the %s signature, so a captured delivery could be replayed with another value; take it from the payload (jsonPath)",
+				f.field, f.header, scheme)
+		}
+	}
+	if scheme == signature.SchemeHMACSHA256 && spec.Signature.TimestampHeader == "" && !spec.Signature.InsecureAllowReplay {
+		c.fail("spec.signature: scheme HMACSHA256 without timestampHeader signs no timestamp, so a captured delivery could be replayed forever; set timestampHeader, or insecureAllowReplay: true to accept that")
+	}
 }
 
 // SignatureConfig maps a provider's signature spec to the verifier's configuration.

@@ -163,3 +163,54 @@ func FuzzExtract(f *testing.F) {
 		}
 	})
 }
+
+// TestSignedSources: a spec stored before the CRD's rules (issue 12) that takes a field
+// from an unsigned header, or accepts an HMAC with no timestamp without saying so, is
+// not served.
+func TestSignedSources(t *testing.T) {
+	hmac := func(ts string, allow bool) hooksv1alpha1.SignatureSpec {
+		return hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeHMACSHA256, Header: "X-Signature",
+			TimestampHeader: ts, InsecureAllowReplay: allow}
+	}
+	for _, tc := range []struct {
+		name    string
+		mutate  func(*hooksv1alpha1.WebhookProviderSpec)
+		wantErr string
+	}{
+		{"StandardWebhooks webhook-id is signed", func(*hooksv1alpha1.WebhookProviderSpec) {}, ""},
+		{"webhook-id in any case", func(s *hooksv1alpha1.WebhookProviderSpec) { s.EventID.Header = "Webhook-ID" }, ""},
+		{"another header under StandardWebhooks", func(s *hooksv1alpha1.WebhookProviderSpec) {
+			s.EventID.Header = "X-Event-Id"
+		}, "spec.eventID.header: header X-Event-Id is not covered by the StandardWebhooks signature"},
+		{"type from a header", func(s *hooksv1alpha1.WebhookProviderSpec) {
+			s.EventType = hooksv1alpha1.FieldSource{Header: "X-Event-Type"}
+		}, "spec.eventType.header"},
+		{"Stripe signs no header", func(s *hooksv1alpha1.WebhookProviderSpec) {
+			s.Signature = hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeStripe}
+		}, "spec.eventID.header: header webhook-id is not covered by the Stripe signature"},
+		{"HMAC with a signed timestamp, ID from the payload", func(s *hooksv1alpha1.WebhookProviderSpec) {
+			s.Signature, s.EventID = hmac("X-Timestamp", false), hooksv1alpha1.EventIDSource{JSONPath: ".id"}
+		}, ""},
+		{"HMAC timestamp header as event ID", func(s *hooksv1alpha1.WebhookProviderSpec) {
+			s.Signature, s.EventID = hmac("X-Timestamp", false), hooksv1alpha1.EventIDSource{Header: "X-Timestamp"}
+		}, "spec.eventID.header"},
+		{"HMAC without a timestamp", func(s *hooksv1alpha1.WebhookProviderSpec) {
+			s.Signature, s.EventID = hmac("", false), hooksv1alpha1.EventIDSource{JSONPath: ".id"}
+		}, "insecureAllowReplay"},
+		{"HMAC without a timestamp, opted out", func(s *hooksv1alpha1.WebhookProviderSpec) {
+			s.Signature, s.EventID = hmac("", true), hooksv1alpha1.EventIDSource{JSONPath: ".id"}
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := testSpec()
+			tc.mutate(spec)
+			_, err := Compile("ns", "p", spec)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("want no error, got %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("want an error containing %q, got %v", tc.wantErr, err)
+			}
+		})
+	}
+}

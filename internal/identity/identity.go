@@ -53,7 +53,7 @@ func EventName(namespace, provider, eventID string) string {
 }
 
 // QuarantineName is the name of the quarantine record created when an event ID is
-// reused with a different payload (docs/design.md §4 step 6). Deriving it from the new
+// reused with a different payload (docs/design.md §4 step 9). Deriving it from the new
 // payload's hash makes the quarantine record itself idempotent: redeliveries of the
 // same conflicting payload hit AlreadyExists instead of piling up records.
 //

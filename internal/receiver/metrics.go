@@ -18,7 +18,13 @@ const (
 	OutcomeUnknownProvider  = "unknown_provider"
 	OutcomeUnauthorized     = "invalid_signature"
 	OutcomeBadRequest       = "invalid_event"
-	OutcomeTooManyRequests  = "too_many_requests"
+	// 429s, one per limit (admission.go), so the answer and the metric say which
+	// limit was hit.
+	OutcomeBusyGlobal    = "too_many_requests_global"
+	OutcomeBusyNamespace = "too_many_requests_namespace"
+	OutcomeBusyProvider  = "too_many_requests_provider"
+	// OutcomeBodyTimeout: the body did not arrive within BodyReadTimeout (408).
+	OutcomeBodyTimeout      = "body_read_timeout"
 	OutcomeUnavailable      = "unavailable"
 	OutcomeProviderNotReady = "provider_not_ready"
 	// OutcomeNotServed: the namespace is not one this deployment serves (--watch-namespaces).
@@ -40,8 +46,13 @@ var (
 
 	inFlight = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "settlement_receiver_in_flight_requests",
-		Help: "Webhook deliveries being processed now.",
+		Help: "Webhook deliveries admitted and not answered yet (body read included).",
 	})
+
+	throttled = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_receiver_throttled_total",
+		Help: "Deliveries answered 429, by the limit that was hit: provider, namespace or global.",
+	}, []string{"limit"})
 
 	archiveLookups = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_receiver_archive_lookups_total",
@@ -55,5 +66,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(requestsTotal, requestDuration, inFlight, signatureSecretIndex, archiveLookups)
+	metrics.Registry.MustRegister(requestsTotal, requestDuration, inFlight, throttled, signatureSecretIndex, archiveLookups)
 }

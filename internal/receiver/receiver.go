@@ -13,6 +13,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,9 +50,25 @@ type Options struct {
 	BindAddress string
 	// MaxBodyBytes caps a delivery's body (1 MiB); larger ones get 413.
 	MaxBodyBytes int64
-	// MaxInFlight bounds concurrent deliveries (64); more get 429, protecting the API
-	// server from a burst the receiver could only turn into timeouts.
+	// MaxInFlight bounds the deliveries of this replica that are verifying their
+	// signature or talking to the API server (64); more get 429, protecting the API
+	// server from a burst the receiver could only turn into timeouts. A delivery takes
+	// this slot only once its body is in, so a slow body never holds one.
 	MaxInFlight int
+	// MaxInFlightPerNamespace bounds one namespace's (one tenant's) deliveries in
+	// flight, body read included (32), so one tenant never holds every slot.
+	MaxInFlightPerNamespace int
+	// MaxInFlightPerProvider bounds one provider's deliveries in flight, body read
+	// included (16): a flood at one provider is answered 429 at that provider.
+	MaxInFlightPerProvider int
+	// AdmissionWait is how long a delivery waits for a free slot (any of the three
+	// limits) before it is answered 429 (1s): a sender's burst is smoothed rather than
+	// refused. A waiting delivery holds no slot.
+	AdmissionWait time.Duration
+	// BodyReadTimeout bounds the time from the request's start to the end of its body
+	// (10s); a slower body is answered 408 and its connection closed. It is set on the
+	// connection per request, on top of the server's ReadTimeout.
+	BodyReadTimeout time.Duration
 	// APITimeout bounds each API-server call of a delivery (10s); past it the answer
 	// is 503 and the sender retries.
 	APITimeout time.Duration
@@ -99,6 +116,14 @@ func (o *Options) defaults() {
 	if o.MaxInFlight == 0 {
 		o.MaxInFlight = 64
 	}
+	if o.MaxInFlightPerNamespace == 0 {
+		o.MaxInFlightPerNamespace = 32
+	}
+	if o.MaxInFlightPerProvider == 0 {
+		o.MaxInFlightPerProvider = 16
+	}
+	def(&o.BodyReadTimeout, 10*time.Second)
+	def(&o.AdmissionWait, time.Second)
 	def(&o.APITimeout, 10*time.Second)
 	def(&o.RetryAfter, 5*time.Second)
 	def(&o.BusyRetryAfter, time.Second)
@@ -132,7 +157,11 @@ type Receiver struct {
 	live     client.Reader
 	recorder recorder.EventRecorder
 	secrets  *secretCache
-	slots    chan struct{}
+	// tenants bounds each namespace's and provider's deliveries from admission to
+	// answer; slots bounds this replica's deliveries past their body read
+	// (decisions.md "Receiver admission (issue 12)").
+	tenants *tenantSlots
+	slots   chan struct{}
 
 	mu         sync.Mutex
 	extractors map[types.UID]compiled
@@ -154,7 +183,8 @@ func New(opts Options, cache client.Reader, writer client.Writer, live client.Re
 	opts.defaults()
 	return &Receiver{
 		opts: opts, cache: cache, writer: writer, live: live, recorder: rec,
-		secrets:    newSecretCache(live, opts.SecretTTL, 5*time.Second),
+		secrets:    newSecretCache(live, opts.SecretTTL, 5*time.Second, opts.APITimeout),
+		tenants:    newTenantSlots(opts.MaxInFlightPerNamespace, opts.MaxInFlightPerProvider),
 		slots:      make(chan struct{}, opts.MaxInFlight),
 		extractors: map[types.UID]compiled{},
 		listener:   make(chan struct{}),
@@ -231,16 +261,35 @@ type answer struct {
 	retryAfter time.Duration
 }
 
+// delivery is what serve needs to know about a request once handle has answered it.
+type delivery struct {
+	// providerLabel is the metric label: namespace/name once the provider is known.
+	providerLabel string
+	// bodyRead is true once the whole body was read.
+	bodyRead bool
+}
+
 func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 	start := time.Now()
+	// The whole request, body included, must be in within BodyReadTimeout of its
+	// start: a slow or stalled body is cut off however the sender paces it, and holds
+	// its tenant's slots no longer than that (the server's ReadTimeout stays as a
+	// backstop). A ResponseWriter without a connection (httptest) cannot take a
+	// deadline; the server's timeouts then apply alone.
+	_ = http.NewResponseController(w).SetReadDeadline(start.Add(r.opts.BodyReadTimeout))
 	ns, name := req.PathValue("namespace"), req.PathValue("provider")
-	providerLabel := outcomeLabelUnknownValue
-	a := r.handle(req, ns, name, &providerLabel)
-	requestsTotal.WithLabelValues(providerLabel, a.outcome).Inc()
+	d := delivery{providerLabel: outcomeLabelUnknownValue}
+	a := r.handle(req, ns, name, &d)
+	requestsTotal.WithLabelValues(d.providerLabel, a.outcome).Inc()
 	requestDuration.WithLabelValues(a.outcome).Observe(time.Since(start).Seconds())
 
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
+	if !d.bodyRead && req.ContentLength != 0 {
+		// Answered without reading the body (refused, or the body was too slow or too
+		// large): close the connection rather than spend more time draining it.
+		w.Header().Set("Connection", "close")
+	}
 	if a.retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int((a.retryAfter+time.Second-1)/time.Second)))
 	}
@@ -260,11 +309,11 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 	_ = json.NewEncoder(w).Encode(body)
 }
 
-func (r *Receiver) handle(req *http.Request, ns, name string, providerLabel *string) answer {
+func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answer {
 	ctx := req.Context()
 	logger := log.FromContext(ctx).WithValues("namespace", ns, "provider", name)
 
-	// 1. Method, media type, concurrency, size: cheap refusals first.
+	// 1. Method and media type: cheap refusals, nothing taken.
 	if req.Method != http.MethodPost {
 		return answer{code: http.StatusMethodNotAllowed, outcome: OutcomeMethodNotAllowed, message: "only POST is accepted"}
 	}
@@ -272,27 +321,9 @@ func (r *Receiver) handle(req *http.Request, ns, name string, providerLabel *str
 		return answer{code: http.StatusUnsupportedMediaType, outcome: OutcomeUnsupportedType,
 			message: "Content-Type must be application/json"}
 	}
-	select {
-	case r.slots <- struct{}{}:
-		defer func() { <-r.slots }()
-	default:
-		return answer{code: http.StatusTooManyRequests, outcome: OutcomeTooManyRequests,
-			message: "too many deliveries in flight; retry later", retryAfter: r.opts.BusyRetryAfter}
-	}
-	inFlight.Inc()
-	defer inFlight.Dec()
 
-	body, err := io.ReadAll(http.MaxBytesReader(nil, req.Body, r.opts.MaxBodyBytes))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return answer{code: http.StatusRequestEntityTooLarge, outcome: OutcomeTooLarge,
-				message: fmt.Sprintf("body exceeds %d bytes", r.opts.MaxBodyBytes)}
-		}
-		return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: "could not read the body"}
-	}
-
-	// 2. Provider, from the informer cache: an unknown provider costs no API call.
+	// 2. Provider, from the informer cache: an unknown provider costs no API call and
+	// holds no slot (its body is never read).
 	if r.opts.Namespaces != nil && !r.opts.Namespaces[ns] {
 		return answer{code: http.StatusServiceUnavailable, outcome: OutcomeNotServed, retryAfter: r.opts.RetryAfter,
 			message: fmt.Sprintf("namespace %q is not served by this deployment (--watch-namespaces); the delivery was routed to the wrong one, nothing was acknowledged", ns)}
@@ -306,7 +337,7 @@ func (r *Receiver) handle(req *http.Request, ns, name string, providerLabel *str
 		logger.Error(err, "provider lookup failed")
 		return r.unavailable("provider lookup failed")
 	}
-	*providerLabel = ns + "/" + name
+	d.providerLabel = ns + "/" + name
 	c, err := r.compiledFor(&provider)
 	if err != nil {
 		// Our configuration is wrong, not the delivery: 503 keeps the sender retrying
@@ -316,14 +347,50 @@ func (r *Receiver) handle(req *http.Request, ns, name string, providerLabel *str
 			message: "the provider's configuration is invalid; see its Ready condition", retryAfter: r.opts.RetryAfter}
 	}
 
-	// 3. Signature.
+	// 3. Admission, per tenant: the provider's and its namespace's slots (waiting up to
+	// AdmissionWait for them), held until the answer. A flood or a stall at one provider uses up that provider's slots
+	// (and at most its namespace's), never another tenant's.
+	release, limit := r.tenants.enter(ctx, ns, d.providerLabel, r.opts.AdmissionWait)
+	if limit != "" {
+		return r.busy(limit)
+	}
+	defer release()
+	inFlight.Inc()
+	defer inFlight.Dec()
+
+	// 4. Body, within the read deadline set in serve and the size limit.
+	body, err := io.ReadAll(http.MaxBytesReader(nil, req.Body, r.opts.MaxBodyBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooLarge):
+			return answer{code: http.StatusRequestEntityTooLarge, outcome: OutcomeTooLarge,
+				message: fmt.Sprintf("body exceeds %d bytes", r.opts.MaxBodyBytes)}
+		case isTimeout(err):
+			return answer{code: http.StatusRequestTimeout, outcome: OutcomeBodyTimeout,
+				message: fmt.Sprintf("the body did not arrive within %s; nothing was stored, send it again", r.opts.BodyReadTimeout)}
+		}
+		return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: "could not read the body"}
+	}
+	d.bodyRead = true
+
+	// 5. The replica's slot, only now that the body is in: it bounds the signature
+	// checks and API calls this replica runs at once, and a slow body never holds one.
+	releaseGlobal, ok := acquireGlobal(ctx, r.slots, r.opts.AdmissionWait)
+	if !ok {
+		return r.busy(LimitGlobal)
+	}
+	defer releaseGlobal()
+
+	// 6. Signature, before any other API or archive call: the signing Secret's read is
+	// the only call an unsigned delivery can cause, and it is bounded (secrets.go).
 	verified, a, ok := r.verify(ctx, &provider, c.sig, req.Header, body)
 	if !ok {
 		return a
 	}
-	signatureSecretIndex.WithLabelValues(*providerLabel, strconv.Itoa(verified.SecretIndex)).Inc()
+	signatureSecretIndex.WithLabelValues(d.providerLabel, strconv.Itoa(verified.SecretIndex)).Inc()
 
-	// 4. Parse, identify, route.
+	// 7. Parse, identify, route.
 	doc, err := payload.Decode(body)
 	if err != nil {
 		return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: "malformed JSON: " + err.Error()}
@@ -337,7 +404,7 @@ func (r *Receiver) handle(req *http.Request, ns, name string, providerLabel *str
 		return answer{code: http.StatusOK, outcome: OutcomeIgnored, message: "no route for this event type"}
 	}
 
-	// 5/6. A duplicate is answered from a cached read, with no write at all.
+	// 8. A duplicate is answered from a cached read, with no write at all.
 	var existing hooksv1alpha1.WebhookEvent
 	if err := r.cache.Get(ctx, types.NamespacedName{Namespace: ns, Name: eventName}, &existing); err == nil {
 		return r.compare(ctx, &provider, &existing, ev)
@@ -406,6 +473,31 @@ func (r *Receiver) archived(ctx context.Context, ns, provider, eventID string) *
 	}
 	archiveLookups.WithLabelValues("hit").Inc()
 	return prior
+}
+
+// busy answers 429 naming the limit that was hit, in the error code and the metric.
+func (r *Receiver) busy(limit string) answer {
+	throttled.WithLabelValues(limit).Inc()
+	a := answer{code: http.StatusTooManyRequests, retryAfter: r.opts.BusyRetryAfter}
+	switch limit {
+	case LimitProvider:
+		a.outcome = OutcomeBusyProvider
+		a.message = fmt.Sprintf("this provider's %d in-flight slots (--receiver-max-in-flight-per-provider) stayed busy for %s; retry later", r.opts.MaxInFlightPerProvider, r.opts.AdmissionWait)
+	case LimitNamespace:
+		a.outcome = OutcomeBusyNamespace
+		a.message = fmt.Sprintf("this namespace's %d in-flight slots (--receiver-max-in-flight-per-namespace) stayed busy for %s; retry later", r.opts.MaxInFlightPerNamespace, r.opts.AdmissionWait)
+	default:
+		a.outcome = OutcomeBusyGlobal
+		a.message = fmt.Sprintf("this replica's %d in-flight slots (--receiver-max-in-flight) stayed busy for %s; retry later", r.opts.MaxInFlight, r.opts.AdmissionWait)
+	}
+	return a
+}
+
+// isTimeout reports a read that hit its deadline (the per-request body deadline or
+// the server's ReadTimeout).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 func (r *Receiver) unavailable(msg string) answer {

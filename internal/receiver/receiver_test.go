@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -458,28 +459,76 @@ var _ = Describe("other signature schemes", func() {
 			SecretRef: hooksv1alpha1.SecretReference{Name: "hmac-secret"}, Header: "X-Signature", Prefix: "sha256=",
 			Encoding: hooksv1alpha1.EncodingHex, TimestampHeader: "X-Timestamp"}
 		p.Spec.EventID = hooksv1alpha1.EventIDSource{DerivedFrom: []string{".data.job_id", ".data.version"}}
-		p.Spec.EventType = hooksv1alpha1.FieldSource{Header: "X-Event-Type"}
 		p.Spec.HashFields = []string{".data"}
 		install(p, map[string]string{"key": "plain-hmac-secret\n"})
 		cfg := signature.Config{Scheme: signature.SchemeHMACSHA256, Header: "X-Signature", Prefix: "sha256=",
 			Encoding: signature.EncodingHex, TimestampHeader: "X-Timestamp"}
 		post := func(body string) sender.Response {
 			r, err := sender.Send(ctx, nil, sender.Delivery{URL: url(ns, "inference"), Signature: cfg,
-				Secret: []byte("plain-hmac-secret"), Body: []byte(body),
-				Header: http.Header{"X-Event-Type": {"job.completed"}}})
+				Secret: []byte("plain-hmac-secret"), Body: []byte(body)})
 			Expect(err).NotTo(HaveOccurred())
 			return r
 		}
-		r := post(`{"attempt":1,"data":{"job_id":"job-9","version":3,"state":"failed","customer":"c","usage":{"tokens":"12.5"}}}`)
+		r := post(`{"type":"job.completed","attempt":1,"data":{"job_id":"job-9","version":3,"state":"failed","customer":"c","usage":{"tokens":"12.5"}}}`)
 		Expect(r.Status).To(Equal(http.StatusOK), r.Body)
 		// A retry with a volatile field changed is still a duplicate: only .data is hashed.
-		r2 := post(`{"attempt":2,"data":{"job_id":"job-9","version":3,"state":"failed","customer":"c","usage":{"tokens":"12.5"}}}`)
+		r2 := post(`{"type":"job.completed","attempt":2,"data":{"job_id":"job-9","version":3,"state":"failed","customer":"c","usage":{"tokens":"12.5"}}}`)
 		Expect(decode(r2.Body)).To(HaveKeyWithValue("status", OutcomeDuplicate))
 		evs := listEvents(ns)
 		Expect(evs).To(HaveLen(1))
 		Expect(evs[0].Spec.EventID).To(Equal("drv_" + identity.Hash32("job-9", "3")))
 		Expect(evs[0].Spec.JobCompletions[0].State).To(Equal(hooksv1alpha1.JobFailed))
 		Expect(evs[0].Spec.JobCompletions[0].Usage.Quantity).To(Equal("12.5"))
+	})
+
+	It("answers 401 to a captured HMAC delivery replayed past the tolerance, and its timestamp cannot be refreshed", func() {
+		p := inferenceProvider(ns)
+		p.Spec.Signature = hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeHMACSHA256,
+			SecretRef: hooksv1alpha1.SecretReference{Name: "hmac-secret"}, Header: "X-Signature", TimestampHeader: "X-Timestamp"}
+		p.Spec.EventID = hooksv1alpha1.EventIDSource{JSONPath: ".id"}
+		install(p, map[string]string{"key": "plain-hmac-secret"})
+		cfg := signature.Config{Scheme: signature.SchemeHMACSHA256, Header: "X-Signature", TimestampHeader: "X-Timestamp"}
+		body := strings.Replace(completedV2, `{"type"`, `{"id":"evt_captured","type"`, 1)
+		// Captured six minutes ago, as sent then.
+		captured, err := signature.Sign(cfg, []byte("plain-hmac-secret"), "", time.Now().Add(-6*time.Minute), []byte(body))
+		Expect(err).NotTo(HaveOccurred())
+		replay := func(h http.Header) (int, string) {
+			req, _ := http.NewRequest(http.MethodPost, url(ns, "inference"), strings.NewReader(body))
+			req.Header = h.Clone()
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			Expect(err).NotTo(HaveOccurred())
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		code, answer := replay(captured)
+		Expect(code).To(Equal(http.StatusUnauthorized), answer)
+		Expect(answer).To(ContainSubstring("tolerance"))
+		// The timestamp is signed with the body: setting a fresh one breaks the signature.
+		refreshed := captured.Clone()
+		refreshed.Set("X-Timestamp", strconv.FormatInt(time.Now().Unix(), 10))
+		code, answer = replay(refreshed)
+		Expect(code).To(Equal(http.StatusUnauthorized), answer)
+		Expect(answer).To(ContainSubstring("signature mismatch"))
+		Expect(listEvents(ns)).To(BeEmpty())
+	})
+
+	It("serves an HMAC sender without a timestamp only with the explicit opt-out", func() {
+		p := inferenceProvider(ns)
+		p.Spec.Signature = hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeHMACSHA256,
+			SecretRef: hooksv1alpha1.SecretReference{Name: "hmac-secret"}, Header: "X-Signature"}
+		p.Spec.EventID = hooksv1alpha1.EventIDSource{JSONPath: ".id"}
+		err := k8s.Create(ctx, p)
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring("scheme HMACSHA256 needs timestampHeader"))
+
+		p.Spec.Signature.InsecureAllowReplay = true
+		install(p, map[string]string{"key": "plain-hmac-secret"})
+		body := strings.Replace(completedV2, `{"type"`, `{"id":"evt_unstamped","type"`, 1)
+		r, err := sender.Send(ctx, nil, sender.Delivery{URL: url(ns, "inference"), Body: []byte(body), Secret: []byte("plain-hmac-secret"),
+			Signature: signature.Config{Scheme: signature.SchemeHMACSHA256, Header: "X-Signature"}})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(r.Status).To(Equal(http.StatusOK), r.Body)
 	})
 
 	It("fans a forEach route out to one settlement per item", func() {
@@ -515,7 +564,7 @@ var _ = Describe("load and lifecycle", func() {
 	BeforeEach(func() {
 		ns = newNamespace()
 		install(inferenceProvider(ns), map[string]string{"current": swhSecret})
-		r = New(Options{BindAddress: "127.0.0.1:0", MaxInFlight: 1, ShutdownTimeout: 10 * time.Second},
+		r = New(Options{BindAddress: "127.0.0.1:0", MaxInFlightPerProvider: 1, ShutdownTimeout: 10 * time.Second},
 			mgrCache, k8s, k8s, recv.recorder)
 		var rctx context.Context
 		rctx, stop = context.WithCancel(ctx)
@@ -528,7 +577,7 @@ var _ = Describe("load and lifecycle", func() {
 	AfterEach(func() { stop() })
 
 	// slowDelivery starts a signed delivery whose body is held back until release is
-	// called: it occupies an in-flight slot the whole time.
+	// called: it occupies its provider's in-flight slot the whole time.
 	slowDelivery := func(id string) (release func(), result chan *http.Response) {
 		h, err := signature.Sign(swh, []byte(swhSecret), id, time.Now(), []byte(completedV2))
 		Expect(err).NotTo(HaveOccurred())
@@ -548,12 +597,16 @@ var _ = Describe("load and lifecycle", func() {
 		return func() { _, _ = pw.Write([]byte(completedV2[10:])); _ = pw.Close() }, result
 	}
 
-	It("answers 429 with Retry-After above the in-flight limit", func() {
+	It("answers 429 with Retry-After, naming the limit, above the provider's in-flight limit", func() {
 		release, result := slowDelivery("msg_slow")
 		Eventually(func() float64 { return testutil.ToFloat64(inFlight) }).Should(BeNumerically(">=", 1))
+		before := testutil.ToFloat64(throttled.WithLabelValues(LimitProvider))
 		resp := plainPost(target, "application/json", completedV2)
 		Expect(resp.StatusCode).To(Equal(http.StatusTooManyRequests))
 		Expect(resp.Header.Get("Retry-After")).To(Equal("1"))
+		b, _ := io.ReadAll(resp.Body)
+		Expect(decode(string(b))).To(HaveKeyWithValue("error", OutcomeBusyProvider))
+		Expect(testutil.ToFloat64(throttled.WithLabelValues(LimitProvider))).To(Equal(before + 1))
 		release()
 		Expect((<-result).StatusCode).To(Equal(http.StatusOK))
 	})

@@ -1,4 +1,4 @@
-// Package signature verifies and produces webhook signatures (docs/design.md §4 step 3).
+// Package signature verifies and produces webhook signatures (docs/design.md §4 step 6).
 //
 // The receiver calls Verify before it parses or stores anything, so an unsigned or
 // replayed request never reaches the API server. Verify is a pure function of its
@@ -59,6 +59,19 @@ const (
 	// HeaderStripeSignature carries Stripe's "t=…,v1=…" signature.
 	HeaderStripeSignature = "Stripe-Signature"
 )
+
+// SignedIDHeader is the request header that scheme signs and that identifies an
+// event, or "" when the scheme signs none: Standard Webhooks signs "id.timestamp.body",
+// so its webhook-id is covered; Stripe signs "t.body" and HMACSHA256 "timestamp.body"
+// or the body alone, so none of their other headers is. A field that decides an effect
+// (event ID, event type) may come from a header only if it is this one
+// (decisions.md "Signed fields (issue 12)").
+func SignedIDHeader(scheme string) string {
+	if scheme == SchemeStandardWebhooks {
+		return HeaderWebhookID
+	}
+	return ""
+}
 
 // DefaultTolerance is how far a signed timestamp may be from the receiver's clock, in
 // either direction, when Config.Tolerance is zero. Five minutes is what both

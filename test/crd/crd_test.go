@@ -284,6 +284,78 @@ var _ = Describe("WebhookProvider validation", func() {
 		expectInvalid(k8s.Create(ctx, p), "only apply to scheme HMACSHA256")
 	})
 
+	Describe("fields that decide effects come from signed bytes (issue 12)", func() {
+		hmac := func(name string) *hooksv1alpha1.WebhookProvider {
+			p := sampleProvider(ns, name)
+			p.Spec.Signature = hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeHMACSHA256,
+				SecretRef: hooksv1alpha1.SecretReference{Name: "s"}, Header: "X-Signature", TimestampHeader: "X-Timestamp"}
+			p.Spec.EventID = hooksv1alpha1.EventIDSource{JSONPath: ".id"}
+			return p
+		}
+
+		It("refuses an event type or ID taken from a header the scheme does not sign", func() {
+			// A captured body re-typed by an unsigned header: impossible to configure.
+			p := hmac("retype")
+			p.Spec.EventType = hooksv1alpha1.FieldSource{Header: "X-Event-Type"}
+			expectInvalid(k8s.Create(ctx, p), "eventType.header is outside the signature")
+
+			p = hmac("reid")
+			p.Spec.EventID = hooksv1alpha1.EventIDSource{Header: "X-Event-Id"}
+			expectInvalid(k8s.Create(ctx, p), "eventID.header is outside the signature")
+
+			// The timestamp is signed, but it is no identity: every retry would be new.
+			p = hmac("tsid")
+			p.Spec.EventID = hooksv1alpha1.EventIDSource{Header: "X-Timestamp"}
+			expectInvalid(k8s.Create(ctx, p), "eventID.header is outside the signature")
+
+			p = sampleProvider(ns, "stripe-id")
+			p.Spec.Signature.Scheme = hooksv1alpha1.SchemeStripe
+			expectInvalid(k8s.Create(ctx, p), "eventID.header is outside the signature")
+
+			p = sampleProvider(ns, "swh-other")
+			p.Spec.EventID = hooksv1alpha1.EventIDSource{Header: "X-Message-Id"}
+			expectInvalid(k8s.Create(ctx, p), "only webhook-id with scheme StandardWebhooks is signed")
+
+			p = sampleProvider(ns, "swh-type")
+			p.Spec.EventType = hooksv1alpha1.FieldSource{Header: "X-Event-Type"}
+			expectInvalid(k8s.Create(ctx, p), "eventType.header is outside the signature")
+
+			// Standard Webhooks signs webhook-id ("id.timestamp.body"), in any case.
+			p = sampleProvider(ns, "swh-id")
+			p.Spec.EventID = hooksv1alpha1.EventIDSource{Header: "Webhook-Id"}
+			Expect(k8s.Create(ctx, p)).To(Succeed())
+			Expect(k8s.Create(ctx, hmac("hmac-ok"))).To(Succeed())
+		})
+
+		It("requires a signed timestamp for HMACSHA256, or an explicit opt-out that kubectl get shows", func() {
+			p := hmac("nots")
+			p.Spec.Signature.TimestampHeader = ""
+			expectInvalid(k8s.Create(ctx, p), "scheme HMACSHA256 needs timestampHeader")
+
+			p = hmac("both")
+			p.Spec.Signature.InsecureAllowReplay = true
+			expectInvalid(k8s.Create(ctx, p), "insecureAllowReplay only applies to scheme HMACSHA256 without timestampHeader")
+
+			p = sampleProvider(ns, "swh-replay")
+			p.Spec.Signature.InsecureAllowReplay = true
+			expectInvalid(k8s.Create(ctx, p), "insecureAllowReplay only applies")
+
+			p = hmac("replayable")
+			p.Spec.Signature.TimestampHeader = ""
+			p.Spec.Signature.InsecureAllowReplay = true
+			Expect(k8s.Create(ctx, p)).To(Succeed())
+			Expect(k8s.Create(ctx, hmac("hmac-ok"))).To(Succeed())
+
+			out, errOut, err := runKubectl("get", "whp", "-n", ns, "replayable", "hmac-ok")
+			Expect(err).NotTo(HaveOccurred(), errOut)
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			Expect(lines).To(HaveLen(3), out)
+			Expect(strings.Fields(lines[0])[:3]).To(Equal([]string{"NAME", "SCHEME", "REPLAYABLE"}))
+			Expect(strings.Fields(lines[1])[:3]).To(Equal([]string{"replayable", "HMACSHA256", "true"}))
+			Expect(strings.Fields(lines[2])[:3]).To(Equal([]string{"hmac-ok", "HMACSHA256", "false"}))
+		})
+	})
+
 	It("needs exactly one source of the event ID", func() {
 		p := sampleProvider(ns, "twoids")
 		p.Spec.EventID.JSONPath = ".id"

@@ -26,7 +26,8 @@ type Delivery struct {
 	Timestamp time.Time
 	// Body is the JSON payload.
 	Body []byte
-	// Header adds headers (e.g. an event-type header), after the signature headers.
+	// Header adds headers after the signature headers (none of them is signed, so the
+	// receiver takes nothing that decides an effect from them).
 	Header http.Header
 }
 
