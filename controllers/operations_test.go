@@ -415,13 +415,16 @@ func slowRetries(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProv
 // before it can be asked. up brings it back; calling it again does nothing.
 func ambiguousThenDown(ns, msgID, jobID string, tokens int) (up func() error) {
 	GinkgoHelper()
-	billing.FailNext(1, http.StatusServiceUnavailable)
+	// Aimed at this settlement's key: another tenant's retry must not take the fault.
+	billing.FailNextFor(identity.NamespacedIdempotencyKey(ns, key(ns, jobID)), 1, http.StatusServiceUnavailable)
 	sendOK(ns, msgID, jobEvent(jobID, 1, tokens))
 	Eventually(func() hooksv1alpha1.Exposure {
 		bs := &hooksv1alpha1.BillingSettlement{}
 		_ = k8s.Get(ctx, client.ObjectKey{Namespace: ns,
 			Name: identity.SettlementName("inference", identity.DefaultSettlementKey("inference", jobID))}, bs)
-		if bs.Status.Attempts == 0 {
+		// Exposure is Possible from the bracket on; wait for the 503 itself, not the
+		// moment the POST is in flight.
+		if bs.Status.Attempts == 0 || bs.Status.LastError == nil {
 			return ""
 		}
 		return bs.Status.Exposure

@@ -41,6 +41,10 @@ type fault struct {
 	status int
 	code   string
 	delay  time.Duration
+	// key, when set, makes the fault wait for a POST with this idempotency key: a spec
+	// aims it at its own settlement, never at another tenant's retry that happens to
+	// come first.
+	key string
 }
 
 func (s *Server) enqueue(n int, f fault) { s.enqueueOn(&s.faults, n, f) }
@@ -67,6 +71,14 @@ func (s *Server) FailNext(n int, status int) {
 		status = http.StatusServiceUnavailable
 	}
 	s.enqueue(n, fault{kind: faultFail, status: status})
+}
+
+// FailNextFor is FailNext for the POSTs with one idempotency key only.
+func (s *Server) FailNextFor(key string, n int, status int) {
+	if status == 0 {
+		status = http.StatusServiceUnavailable
+	}
+	s.enqueue(n, fault{kind: faultFail, status: status, key: key})
 }
 
 // RateLimitNext makes the next n POSTs answer 429 with Retry-After (whole seconds,
@@ -117,13 +129,15 @@ func (s *Server) begin(key string) (f *fault, ok bool) {
 		return nil, false
 	}
 	s.inFlight[key] = true
-	if len(s.faults) > 0 {
-		next := s.faults[0]
-		s.faults = s.faults[1:]
+	for i, next := range s.faults {
+		if next.key != "" && next.key != key {
+			continue
+		}
+		s.faults = append(s.faults[:i:i], s.faults[i+1:]...)
 		s.calls.Faults++
-		f = &next
+		return &next, true
 	}
-	return f, true
+	return nil, true
 }
 
 func (s *Server) end(key string) {
