@@ -121,8 +121,8 @@ func startManager(opts ...managerOptions) *runningManager {
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	Expect((&controllers.WebhookProviderReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
-		SecretRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
+	Expect((&controllers.WebhookProviderReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader()}).
+		SetupWithManager(m)).To(Succeed())
 	Expect((&controllers.WebhookEventReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("webhookevent"), Archive: o.store}).SetupWithManager(m)).To(Succeed())
 	// Secrets are not watched: a fixed opt-in is seen at the next recheck, 1s here.

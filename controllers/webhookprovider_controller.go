@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,7 +16,10 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/extract"
@@ -32,14 +38,18 @@ type WebhookProviderReconciler struct {
 	client.Client
 	// APIReader reads Secrets directly from the API server.
 	APIReader client.Reader
-	// SecretRecheckInterval is how often the Secret is re-read (1m).
+	// SecretRecheckInterval is how often the Secret of a Ready provider is re-read (1m).
 	SecretRecheckInterval time.Duration
+	// SecretWaitInterval is how often a provider whose Secret is missing, invalid or
+	// refused looks again (5s).
+	SecretWaitInterval time.Duration
 }
 
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookproviders,verbs=get;list;watch
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookproviders/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents,verbs=get;list;watch
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingproviders,verbs=get;list;watch
 
 // Reconcile validates one provider and writes its Ready condition.
 func (r *WebhookProviderReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -62,10 +72,20 @@ func (r *WebhookProviderReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if _, err := patchStatus(ctx, r.Client, &p, before, false); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{RequeueAfter: r.interval()}, nil
+	return ctrl.Result{RequeueAfter: r.interval(reason)}, nil
 }
 
-func (r *WebhookProviderReconciler) interval() time.Duration {
+// interval is when the provider is checked again. Secrets are not watched (the
+// operator may only get them by name), so a provider waiting for its Secret to appear
+// or be fixed looks every few seconds; a Ready one only needs to notice rotations.
+func (r *WebhookProviderReconciler) interval(reason string) time.Duration {
+	switch reason {
+	case hooksv1alpha1.ReasonSecretNotFound, hooksv1alpha1.ReasonSecretInvalid, hooksv1alpha1.ReasonCredentialsNotAllowed:
+		if r.SecretWaitInterval > 0 {
+			return r.SecretWaitInterval
+		}
+		return 5 * time.Second
+	}
 	if r.SecretRecheckInterval > 0 {
 		return r.SecretRecheckInterval
 	}
@@ -81,6 +101,11 @@ func (r *WebhookProviderReconciler) check(ctx context.Context, p *hooksv1alpha1.
 	cfg := extract.SignatureConfig(&p.Spec.Signature)
 	if err := cfg.Validate(); err != nil {
 		return metav1.ConditionFalse, hooksv1alpha1.ReasonInvalidSpec, err.Error(), nil
+	}
+	if missing, err := r.missingBillingProviders(ctx, p); err != nil || len(missing) > 0 {
+		return metav1.ConditionFalse, hooksv1alpha1.ReasonBillingProviderNotFound, truncateMessage(fmt.Sprintf(
+			"routes charge through BillingProvider %s, which does not exist in namespace %s: "+
+				"deliveries are received, and their settlements wait until it is created", quotedList(missing), p.Namespace)), err
 	}
 	var s corev1.Secret
 	key := types.NamespacedName{Namespace: p.Namespace, Name: p.Spec.Signature.SecretRef.Name}
@@ -149,6 +174,45 @@ func (r *WebhookProviderReconciler) checkSinkCredentials(ctx context.Context, p 
 	return "", "", "", nil
 }
 
+// missingBillingProviders lists the BillingProviders the routes charge through that
+// do not exist (from the cache: the controller watches BillingProviders).
+func (r *WebhookProviderReconciler) missingBillingProviders(ctx context.Context, p *hooksv1alpha1.WebhookProvider) ([]string, error) {
+	var missing []string
+	for _, name := range billingProvidersOf(p) {
+		var bp hooksv1alpha1.BillingProvider
+		err := r.Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: name}, &bp)
+		switch {
+		case apierrors.IsNotFound(err):
+			missing = append(missing, name)
+		case err != nil:
+			return nil, fmt.Errorf("get billingprovider %s/%s: %w", p.Namespace, name, err)
+		}
+	}
+	return missing, nil
+}
+
+// billingProvidersOf lists, once each and in order, the BillingProviders a
+// provider's routes name.
+func billingProvidersOf(p *hooksv1alpha1.WebhookProvider) []string {
+	var names []string
+	for _, route := range p.Spec.Routes {
+		for _, op := range route.Operations {
+			if op.Settlement != nil && !slices.Contains(names, op.Settlement.BillingProviderRef) {
+				names = append(names, op.Settlement.BillingProviderRef)
+			}
+		}
+	}
+	return names
+}
+
+func quotedList(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = strconv.Quote(n)
+	}
+	return strings.Join(q, ", ")
+}
+
 // nextRetentionSweep shows when retention next deletes one of the provider's events.
 func (r *WebhookProviderReconciler) nextRetentionSweep(ctx context.Context, p *hooksv1alpha1.WebhookProvider) error {
 	var l hooksv1alpha1.WebhookEventList
@@ -167,10 +231,29 @@ func (r *WebhookProviderReconciler) nextRetentionSweep(ctx context.Context, p *h
 	return nil
 }
 
-// SetupWithManager registers the controller. Status-only updates do not trigger it.
+// SetupWithManager registers the controller. Status-only updates do not trigger it;
+// a BillingProvider created or deleted re-checks the providers of its namespace whose
+// routes name it.
 func (r *WebhookProviderReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	namingIt := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, obj client.Object) []reconcile.Request {
+		var l hooksv1alpha1.WebhookProviderList
+		if err := r.List(ctx, &l, client.InNamespace(obj.GetNamespace()), client.UnsafeDisableDeepCopy); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "list webhookproviders naming a billingprovider", "billingprovider", obj.GetName())
+			return nil
+		}
+		var reqs []reconcile.Request
+		for i := range l.Items {
+			if slices.Contains(billingProvidersOf(&l.Items[i]), obj.GetName()) {
+				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&l.Items[i])})
+			}
+		}
+		return reqs
+	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(WebhookProviderControllerName).
 		For(&hooksv1alpha1.WebhookProvider{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&hooksv1alpha1.BillingProvider{}, namingIt, builder.WithPredicates(predicate.Funcs{
+			UpdateFunc: func(event.UpdateEvent) bool { return false }, // existence is all it reads
+		})).
 		Complete(r)
 }

@@ -70,12 +70,15 @@ const (
 
 // Reasons shared by several kinds.
 const (
-	ReasonValid            = "Valid"
-	ReasonInvalidSpec      = "InvalidSpec"
-	ReasonSecretNotFound   = "SecretNotFound"
-	ReasonSecretInvalid    = "SecretInvalid"
-	ReasonReconciling      = "Reconciling"
-	ReasonAPIServerFailure = "APIServerFailure"
+	ReasonValid          = "Valid"
+	ReasonInvalidSpec    = "InvalidSpec"
+	ReasonSecretNotFound = "SecretNotFound"
+	// ReasonBillingProviderNotFound: a route charges through a BillingProvider that
+	// does not exist in the namespace; its settlements wait until it is created.
+	ReasonBillingProviderNotFound = "BillingProviderNotFound"
+	ReasonSecretInvalid           = "SecretInvalid"
+	ReasonReconciling             = "Reconciling"
+	ReasonAPIServerFailure        = "APIServerFailure"
 	// ReasonReconciliationFailed: a reconciliation pass could not compare with the
 	// provider (its report says why); the next pass comes at the usual interval.
 	ReasonReconciliationFailed = "ReconciliationFailed"
