@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
@@ -45,6 +46,7 @@ func main() {
 		probeAddr            string
 		enableLeaderElection bool
 		secureMetrics        bool
+		metricsCertDir       string
 		enableHTTP2          bool
 		recvOpts             receiver.Options
 		leaderNamespace      string
@@ -57,12 +59,16 @@ func main() {
 		operatorNamespace    string
 		transitionEvents     bool
 	)
-	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080",
+	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443",
 		"Address the metrics endpoint binds to; \"0\" disables it.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address the health probes bind to.")
 	flag.BoolVar(&enableLeaderElection, "leader-elect", false,
 		"Elect a leader for the controllers; the receiver runs on every replica regardless.")
-	flag.BoolVar(&secureMetrics, "metrics-secure", false, "Serve metrics over HTTPS.")
+	flag.BoolVar(&secureMetrics, "metrics-secure", true,
+		"Serve metrics over HTTPS to authenticated and authorized clients only (a bearer token allowed to get /metrics, "+
+			"e.g. by the metrics-reader ClusterRole). false: plain HTTP to anyone who can connect, for a local process on loopback.")
+	flag.StringVar(&metricsCertDir, "metrics-cert-dir", "",
+		"Directory with tls.crt and tls.key for the metrics endpoint (reloaded when they change); empty or missing: a self-signed certificate made at start.")
 	flag.BoolVar(&enableHTTP2, "enable-http2", false,
 		"Allow HTTP/2 on the metrics server (off: HTTP/2 Rapid Reset and Stream Cancellation CVEs).")
 	flag.StringVar(&leaderNamespace, "leader-election-namespace", "",
@@ -134,12 +140,8 @@ func main() {
 		DefaultNamespaces: controllers.WatchedNamespaces(watchNamespaces)}
 
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
-		Scheme: scheme,
-		Metrics: metricsserver.Options{
-			BindAddress:   metricsAddr,
-			SecureServing: secureMetrics,
-			TLSOpts:       tlsOpts,
-		},
+		Scheme:                 scheme,
+		Metrics:                metricsOptions(metricsAddr, secureMetrics, metricsCertDir, tlsOpts),
 		HealthProbeBindAddress: probeAddr,
 		// The operator never reads managedFields; they are ~40% of each cached object.
 		Cache:                   cacheOpts,
@@ -285,4 +287,18 @@ func main() {
 		log.Error(err, "manager exited with an error")
 		os.Exit(1)
 	}
+}
+
+// metricsOptions serves metrics as kubebuilder's scaffold does: by default over HTTPS,
+// and only to a client whose bearer token the API server authenticates (TokenReview)
+// and authorizes for `get` on the non-resource URL /metrics (SubjectAccessReview).
+// The metrics say how much is billed, to whom and how often, per provider: they are
+// not for anyone who can reach the Pod. Plain HTTP is for a local process on loopback.
+func metricsOptions(addr string, secure bool, certDir string, tlsOpts []func(*tls.Config)) metricsserver.Options {
+	opts := metricsserver.Options{BindAddress: addr, SecureServing: secure, TLSOpts: tlsOpts}
+	if secure {
+		opts.FilterProvider = filters.WithAuthenticationAndAuthorization
+		opts.CertDir = certDir
+	}
+	return opts
 }

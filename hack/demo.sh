@@ -337,6 +337,7 @@ manager_env=(KUBECONFIG="$kubeconfig")
 manager_args=(
   --receiver-bind-address="127.0.0.1:$receiver_port"
   --metrics-bind-address="127.0.0.1:$metrics_port"
+  --metrics-secure=false   # plain HTTP on loopback, so `curl` reads it; in a cluster metrics need a token
   --health-probe-bind-address="127.0.0.1:$probe_port"
 )
 # Settlements are archived once a reconciliation pass has confirmed them: with the

@@ -78,7 +78,8 @@ func startOperator(ctx context.Context, env *envtest.Environment, bin, dir, name
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{"--kubeconfig", kcPath, "--metrics-bind-address", addrs[0],
+	// Plain-HTTP metrics on loopback (the benchmark scrapes them as a local process).
+	args := append([]string{"--kubeconfig", kcPath, "--metrics-bind-address", addrs[0], "--metrics-secure=false",
 		"--health-probe-bind-address", addrs[1], "--receiver-bind-address", addrs[2]}, extraArgs...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), extraEnv...)

@@ -1,6 +1,7 @@
 package deploy_test
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,7 +18,9 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/onsi/gomega/gexec"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -25,10 +28,12 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
@@ -53,7 +58,8 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		for _, o := range objects {
 			kinds[o.GetKind()]++
 			switch o.GetKind() {
-			case "Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding":
+			case "Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
+				"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
 			default:
 				Expect(o.GetNamespace()).To(Equal(operatorNamespace), objectKey(o))
 			}
@@ -63,7 +69,8 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		Expect(kinds).To(SatisfyAll(
 			HaveKeyWithValue("Namespace", 1), HaveKeyWithValue("CustomResourceDefinition", len(crdFiles)),
 			HaveKeyWithValue("ServiceAccount", 1), HaveKeyWithValue("Deployment", 1),
-			HaveKeyWithValue("Service", 2), HaveKeyWithValue("PodDisruptionBudget", 1)))
+			HaveKeyWithValue("Service", 2), HaveKeyWithValue("PodDisruptionBudget", 1),
+			HaveKeyWithValue("ValidatingAdmissionPolicy", 1), HaveKeyWithValue("ValidatingAdmissionPolicyBinding", 1)))
 		Expect(objects[0].GetKind()).To(Equal("Namespace"), "the namespace comes first, so one apply creates everything")
 		// config/operator is the same minus the CRDs (for GitOps setups that apply CRDs first).
 		var withoutCRDs, operator []string
@@ -87,6 +94,7 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		Expect(pod.Containers).To(HaveLen(1))
 		c := pod.Containers[0]
 		Expect(c.Args).To(ContainElements("--leader-elect", "--receiver-bind-address=:8090"))
+		Expect(c.Args).NotTo(ContainElement(HavePrefix("--metrics-secure")), "metrics are authenticated by default")
 		Expect(c.Ports).To(ContainElement(SatisfyAll(
 			HaveField("Name", "receiver"), HaveField("ContainerPort", int32(8090)))))
 		Expect(c.SecurityContext.ReadOnlyRootFilesystem).To(HaveValue(BeTrue()))
@@ -113,6 +121,24 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(sel.Matches(podLabels)).To(BeTrue())
+
+		// The record-protection policy knows the manager by the binding's parameter, the
+		// Deployment's ServiceAccount, also when an overlay renames everything.
+		Expect(recordProtectionParam(objects)).To(Equal(dep.Namespace + "/" + pod.ServiceAccountName))
+		overlay := must(os.MkdirTemp(testenv.RepoRoot(), ".overlay-"))
+		DeferCleanup(os.RemoveAll, overlay)
+		Expect(os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(
+			"namespace: billing-ops\nnamePrefix: acme-\nresources:\n- ../config/default\n"), 0o600)).To(Succeed())
+		renamed := decodeAll(run(kustomize, "build", overlay))
+		var renamedSA string
+		for _, o := range renamed {
+			if o.GetKind() == "Deployment" {
+				d := decode[appsv1.Deployment](o)
+				renamedSA = d.Namespace + "/" + d.Spec.Template.Spec.ServiceAccountName
+			}
+		}
+		Expect(renamedSA).To(Equal("billing-ops/acme-settlement-operator-controller-manager"))
+		Expect(recordProtectionParam(renamed)).To(Equal(renamedSA))
 
 		// Least privilege: no wildcards anywhere, and Secrets are only ever read by name.
 		for _, o := range objects {
@@ -300,10 +326,27 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: operatorNamespace, Name: leaseName}, &lease)).To(Succeed())
 		Expect(lease.Spec.HolderIdentity).To(HaveValue(Not(BeEmpty())))
 
+		// Metrics are served over HTTPS to an authenticated, authorized client only: no
+		// token is 401, a ServiceAccount without the metrics-reader role 403, with it 200.
+		reader, nosy := metricsToken("prometheus", true), metricsToken("nosy", false)
+		for _, r := range replicas {
+			Expect(scrape(r.metrics, "").status).To(Equal(http.StatusUnauthorized))
+			// controller-runtime's filter answers a token the API server rejects with 500
+			// ("Authentication failed"), not 401: refused all the same (docs/decisions.md).
+			Expect(scrape(r.metrics, "not-a-token").status).To(Equal(http.StatusInternalServerError))
+			Expect(scrape(r.metrics, nosy).status).To(Equal(http.StatusForbidden))
+			Expect(scrape(r.metrics, reader).status).To(Equal(http.StatusOK))
+			// Plain HTTP gets Go's TLS server's 400 "client sent an HTTP request to an HTTPS server".
+			resp, err := http.Get("http://" + r.metrics + "/metrics")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(resp.StatusCode).To(Equal(http.StatusBadRequest))
+			Expect(string(must(io.ReadAll(resp.Body)))).To(ContainSubstring("HTTPS server"))
+			Expect(resp.Body.Close()).To(Succeed())
+		}
 		// Every metric this scenario exercises is exposed (the leader has the controllers').
 		var exposed strings.Builder
 		for _, r := range replicas {
-			exposed.WriteString(httpGet("http://" + r.metrics + "/metrics"))
+			exposed.WriteString(scrape(r.metrics, reader).body)
 		}
 		for _, m := range []string{"settlement_receiver_requests_total", "settlement_receiver_request_duration_seconds",
 			"settlement_receiver_in_flight_requests", "settlement_receiver_signature_key_matches_total",
@@ -322,8 +365,8 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		Expect(lease.Spec.HolderIdentity).To(Or(BeNil(), HaveValue(BeEmpty())), "the leader released its Lease on shutdown")
 	})
 
-	It("lets the settlement-replayer role replay a settlement, and nothing else", func() {
-		const ns, user = "finance", "oncall@example.com"
+	It("lets the settlement-replayer role replay a settlement (the manager resumes it), and nothing else", func() {
+		const ns, user, adminUser = "finance", "oncall@example.com", "tenant-admin@example.com"
 		role := find("ClusterRole", "settlement-operator-settlement-replayer")
 		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 		Expect(k8s.Create(ctx, &rbacv1.RoleBinding{
@@ -331,31 +374,189 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.GetName()},
 			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
 		})).To(Succeed())
+		nsAdmin := namespaceAdmin(ns, adminUser)
+
+		// A settlement the provider refuses once: it dead-letters, and only a replay
+		// settles it.
+		billing, err := fakebilling.Start(fakebilling.Options{Token: "finance-token"})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(billing.Close)
+		billing.RejectNext(1, http.StatusBadRequest, "invalid_request")
+		Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing-api-token"},
+			StringData: map[string]string{"token": "finance-token"}})).To(Succeed())
+		Expect(k8s.Create(ctx, &hooksv1alpha1.BillingProvider{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing"},
+			Spec: hooksv1alpha1.BillingProviderSpec{Endpoint: billing.URL(), AllowInsecureHTTP: true,
+				CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "billing-api-token", Key: "token"},
+				RequestTimeout:       &metav1.Duration{Duration: 2 * time.Second}},
+		})).To(Succeed())
 		sample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_billingsettlement.yaml")
 		kubectl(adminKC, "apply", "--server-side", "-n", ns, "-f", sample)
-		name := decodeAll(string(must(os.ReadFile(sample))))[0].GetName()
+		stl := decodeAll(string(must(os.ReadFile(sample))))[0]
+		name, key := stl.GetName(), must(func() (string, error) {
+			k, _, err := unstructured.NestedString(stl.Object, "spec", "settlementKey")
+			return k, err
+		}())
+
+		r := startReplica(deployment(), managerKubeconfig())
+		DeferCleanup(func() { r.session.Kill() })
+		settlement := func() *hooksv1alpha1.BillingSettlement {
+			GinkgoHelper()
+			var bs hooksv1alpha1.BillingSettlement
+			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &bs)).To(Succeed())
+			return &bs
+		}
+		Eventually(func() bool {
+			bs := settlement()
+			return bs.Status.State == hooksv1alpha1.SettlementFailed &&
+				hasCondition(bs.Status.Conditions, hooksv1alpha1.ConditionDeadLettered, metav1.ConditionTrue)
+		}).Should(BeTrue(), "the provider's refusal dead-letters the settlement")
+		Expect(settlement().Finalizers).To(ContainElement(hooksv1alpha1.FinalizerSettlementProtection))
 
 		oncall := filepath.Join(workDir, "oncall.kubeconfig")
 		Expect(testenv.WriteKubeconfig(oncall, cfg, "oncall", user)).To(Succeed())
 		kubectl(oncall, "annotate", "-n", ns, "billingsettlement", name, hooksv1alpha1.AnnotationReplay+"=after-outage-1")
-		var bs hooksv1alpha1.BillingSettlement
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &bs)).To(Succeed())
-		Expect(bs.Annotations).To(HaveKeyWithValue(hooksv1alpha1.AnnotationReplay, "after-outage-1"))
+		Eventually(func() hooksv1alpha1.SettlementState { return settlement().Status.State }).
+			Should(Equal(hooksv1alpha1.SettlementSettled), "the replay resumes the settlement through the manager")
+		Expect(settlement().Status.Replay).To(HaveValue(SatisfyAll(
+			HaveField("LastToken", "after-outage-1"), HaveField("Count", int32(1)))))
+		Expect(billing.Charges(key)).To(Equal(1))
+		// Whoever may patch may also ask for a lookup by key.
+		kubectl(nsAdmin, "annotate", "-n", ns, "billingsettlement", name, hooksv1alpha1.AnnotationReconcileRequest+"=by-hand-1")
+		Expect(settlement().Annotations).To(HaveKeyWithValue(hooksv1alpha1.AnnotationReconcileRequest, "by-hand-1"))
 
 		for _, denied := range [][]string{
 			{"create", "billingsettlements"}, {"delete", "billingsettlements"},
-			{"patch", "billingsettlements", "--subresource=status"}, {"update", "billingsettlements/finalizers"},
-			{"get", "secrets"}, {"patch", "webhookevents"}, {"create", "webhookevents"},
+			{"patch", "billingsettlements", "--subresource=status"},
+			{"get", "secrets"}, {"patch", "webhookevents"}, {"create", "webhookevents"}, {"patch", "jobcompletions"},
 		} {
 			out, _, err := kubectlE(oncall, append([]string{"auth", "can-i", "-n", ns}, denied...)...)
 			Expect(err).To(HaveOccurred(), strings.Join(denied, " "))
 			Expect(out).To(Equal("no\n"), strings.Join(denied, " "))
 		}
-		// patch would reach the spec, but the API server refuses any change to it.
-		_, stderr, err := kubectlE(oncall, "patch", "-n", ns, "billingsettlement", name, "--type=merge",
+
+		// `patch` covers all of metadata as far as RBAC knows; the admission policy
+		// leaves a person only the two annotations above. Finalizers are removed by
+		// patching metadata (there is no finalizers endpoint for custom resources), so
+		// that is what is tried, as the replayer and as a namespace admin.
+		const (
+			whyFinalizer = "finalizers are added and removed only by the settlement-operator"
+			whyOwner     = "ownerReferences are refused on financial records"
+			whyMetadata  = "only the hooks.settlement.dev/replay and hooks.settlement.dev/reconcile-request annotations may be changed"
+			whyDelete    = "may be deleted only by the settlement-operator"
+			whyStatus    = "status is written only by the settlement-operator"
+		)
+		for _, kc := range []string{oncall, nsAdmin} {
+			refused(kc, whyFinalizer, "patch", "-n", ns, "billingsettlement", name, "--type=merge",
+				"-p", `{"metadata":{"finalizers":null}}`)
+			refused(kc, whyFinalizer, "patch", "-n", ns, "billingsettlement", name, "--type=json",
+				"-p", `[{"op":"remove","path":"/metadata/finalizers/0"}]`)
+			refused(kc, whyOwner, "patch", "-n", ns, "billingsettlement", name, "--type=merge", "-p", missingOwner)
+			refused(kc, whyMetadata, "label", "-n", ns, "billingsettlement", name, "--overwrite", hooksv1alpha1.LabelProvider+"=other")
+			refused(kc, whyMetadata, "annotate", "-n", ns, "billingsettlement", name, "example.com/note=x")
+			refused(kc, whyMetadata, "annotate", "-n", ns, "billingsettlement", name, hooksv1alpha1.AnnotationFreshForJob+"=forged")
+		}
+		_, stderr, err := kubectlE(oncall, "delete", "-n", ns, "billingsettlement", name)
+		Expect(err).To(HaveOccurred())
+		Expect(stderr).To(ContainSubstring(`cannot delete resource "billingsettlements"`), "RBAC refuses the replayer a delete")
+		refused(nsAdmin, whyDelete, "delete", "-n", ns, "billingsettlement", name)
+		refused(nsAdmin, whyDelete, "delete", "-n", ns, "billingsettlements", "--all")
+		refused(nsAdmin, whyStatus, "patch", "-n", ns, "billingsettlement", name, "--subresource=status", "--type=merge",
+			"-p", `{"status":{"exposure":"None","state":"Failed"}}`)
+		// The spec stays immutable (the CRD's own rule answers first).
+		_, stderr, err = kubectlE(oncall, "patch", "-n", ns, "billingsettlement", name, "--type=merge",
 			"-p", `{"spec":{"customer":"cus_other"}}`)
 		Expect(err).To(HaveOccurred())
 		Expect(stderr).To(ContainSubstring("immutable"))
+
+		bs := settlement()
+		Expect(bs.Finalizers).To(ConsistOf(hooksv1alpha1.FinalizerSettlementProtection))
+		Expect(bs.OwnerReferences).To(BeEmpty())
+		Expect(bs.DeletionTimestamp).To(BeNil())
+		Expect(bs.Labels).To(HaveKeyWithValue(hooksv1alpha1.LabelProvider, "inference"))
+		Expect(bs.Annotations).NotTo(HaveKey("example.com/note"))
+		Expect(bs.Status.State).To(Equal(hooksv1alpha1.SettlementSettled))
+
+		// The same for a JobCompletion, the memory that a job was seen.
+		jcSample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_jobcompletion.yaml")
+		kubectl(adminKC, "apply", "--server-side", "-n", ns, "-f", jcSample)
+		jc := decodeAll(string(must(os.ReadFile(jcSample))))[0].GetName()
+		refused(nsAdmin, whyFinalizer, "patch", "-n", ns, "jobcompletion", jc, "--type=merge",
+			"-p", `{"metadata":{"finalizers":["example.com/hold"]}}`)
+		refused(nsAdmin, whyOwner, "patch", "-n", ns, "jobcompletion", jc, "--type=merge", "-p", missingOwner)
+		refused(nsAdmin, whyMetadata, "label", "-n", ns, "jobcompletion", jc, hooksv1alpha1.LabelJob+"=other")
+		refused(nsAdmin, "the spec is written only by the settlement-operator", "patch", "-n", ns, "jobcompletion", jc,
+			"--type=merge", "-p", `{"spec":{"completion":{"version":9}}}`)
+		refused(nsAdmin, whyStatus, "patch", "-n", ns, "jobcompletion", jc, "--subresource=status", "--type=merge",
+			"-p", `{"status":{"appliedVersion":9}}`)
+		refused(nsAdmin, whyDelete, "delete", "-n", ns, "jobcompletion", jc)
+		kubectl(nsAdmin, "annotate", "-n", ns, "jobcompletion", jc, hooksv1alpha1.AnnotationReconcileRequest+"=by-hand-1")
+		// Not even a cluster admin gives a record an owner: the garbage collector would
+		// delete it.
+		other := decodeAll(string(must(os.ReadFile(jcSample))))[0]
+		other.SetName(jc + "-x")
+		other.SetNamespace(ns)
+		other.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "gone",
+			UID: "00000000-0000-0000-0000-000000000000"}})
+		err = k8s.Create(ctx, other)
+		Expect(err).To(HaveOccurred())
+		Expect(err.Error()).To(ContainSubstring(whyOwner))
+
+		r.session.Terminate().Wait(45 * time.Second)
+		Expect(r.session).To(gexec.Exit(0))
+		Expect(string(r.session.Out.Contents())+string(r.session.Err.Contents())).NotTo(ContainSubstring("forbidden"),
+			"the policy refused the manager something")
+	})
+
+	It("lets a namespace being deleted take its records, while a settlement that may have moved money stays held", func() {
+		const ns, adminUser = "leaving", "leaving-admin@example.com"
+		namespaceController := "system:serviceaccount:kube-system:namespace-controller"
+		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		nsAdmin := namespaceAdmin(ns, adminUser)
+		asNamespaceController := filepath.Join(workDir, "namespace-controller.kubeconfig")
+		Expect(testenv.WriteKubeconfig(asNamespaceController, cfg, "namespace-controller", namespaceController)).To(Succeed())
+
+		stlSample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_billingsettlement.yaml")
+		jcSample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_jobcompletion.yaml")
+		kubectl(adminKC, "apply", "--server-side", "-n", ns, "-f", stlSample, "-f", jcSample)
+		stl := decodeAll(string(must(os.ReadFile(stlSample))))[0].GetName()
+		jc := decodeAll(string(must(os.ReadFile(jcSample))))[0].GetName()
+		// A hand-made settlement may have been sent in an earlier life: its finalizer
+		// holds it until the provider answers (it has no BillingProvider here).
+		r := startReplica(deployment(), managerKubeconfig())
+		DeferCleanup(func() { r.session.Kill() })
+		Eventually(func() []string {
+			var bs hooksv1alpha1.BillingSettlement
+			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: stl}, &bs)).To(Succeed())
+			return bs.Finalizers
+		}).Should(ContainElement(hooksv1alpha1.FinalizerSettlementProtection))
+
+		// In a live namespace the exemption is not the namespace controller's name.
+		refused(asNamespaceController, "may be deleted only by the settlement-operator", "delete", "-n", ns, "jobcompletion", jc)
+
+		// envtest runs no namespace controller: the namespace stays Terminating and the
+		// suite deletes what the controller would, as the controller.
+		Expect(k8s.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		kubectl(asNamespaceController, "delete", "-n", ns, "jobcompletions", "--all", "--wait=false")
+		kubectl(asNamespaceController, "delete", "-n", ns, "billingsettlements", "--all", "--wait=false")
+		var jcs hooksv1alpha1.JobCompletionList
+		Expect(k8s.List(ctx, &jcs, client.InNamespace(ns))).To(Succeed())
+		Expect(jcs.Items).To(BeEmpty())
+		Consistently(func() []string {
+			var bs hooksv1alpha1.BillingSettlement
+			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: stl}, &bs)).To(Succeed())
+			Expect(bs.DeletionTimestamp).NotTo(BeNil())
+			return bs.Finalizers
+		}, 3*time.Second).Should(ContainElement(hooksv1alpha1.FinalizerSettlementProtection),
+			"exposure Possible: the operator keeps it until the provider answers")
+		// The finalizer is still the operator's alone, in a namespace being deleted too,
+		// whoever asks (a cluster admin included).
+		for _, kc := range []string{nsAdmin, adminKC} {
+			refused(kc, "finalizers are added and removed only by the settlement-operator", "patch", "-n", ns,
+				"billingsettlement", stl, "--type=merge", "-p", `{"metadata":{"finalizers":null}}`)
+		}
+		r.session.Terminate().Wait(45 * time.Second)
+		Expect(r.session).To(gexec.Exit(0))
 	})
 
 	It("ships NetworkPolicy and ServiceMonitor add-ons that select the installed Pods and metrics Service", func() {
@@ -401,6 +602,9 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		Expect(err).NotTo(HaveOccurred())
 		Expect(endpoints).To(HaveLen(1))
 		Expect(endpoints[0]).To(HaveKeyWithValue("port", metricsSvc.Spec.Ports[0].Name))
+		Expect(endpoints[0]).To(SatisfyAll(HaveKeyWithValue("scheme", "https"),
+			HaveKeyWithValue("bearerTokenFile", "/var/run/secrets/kubernetes.io/serviceaccount/token"),
+			HaveKey("tlsConfig")), "Prometheus authenticates with its ServiceAccount token over TLS")
 	})
 
 	It("undeploys like `make undeploy`: the operator goes, the CRDs and every record stay", func() {
@@ -534,17 +738,123 @@ func stableResourceVersions() map[string]string {
 	return last
 }
 
-func httpGet(url string) string {
-	GinkgoHelper()
-	resp, err := http.Get(url)
-	Expect(err).NotTo(HaveOccurred())
-	defer resp.Body.Close()
-	Expect(resp.StatusCode).To(Equal(http.StatusOK), url)
-	return string(must(io.ReadAll(resp.Body)))
-}
-
 func must[T any](v T, err error) T {
 	GinkgoHelper()
 	Expect(err).NotTo(HaveOccurred())
 	return v
+}
+
+// missingOwner is a merge patch giving an object an owner that does not exist: the
+// garbage collector would delete the object at once.
+const missingOwner = `{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"gone",` +
+	`"uid":"00000000-0000-0000-0000-000000000000"}]}}`
+
+// managerKubeconfig writes a kubeconfig that acts as the manager's ServiceAccount.
+func managerKubeconfig() string {
+	GinkgoHelper()
+	path := filepath.Join(workDir, "manager.kubeconfig")
+	Expect(testenv.WriteKubeconfig(path, cfg, "as-manager", managerUser)).To(Succeed())
+	return path
+}
+
+// namespaceAdmin gives user every verb on every hooks.settlement.dev resource of ns
+// (more than a tenant admin usually gets) and returns a kubeconfig acting as user.
+func namespaceAdmin(ns, user string) string {
+	GinkgoHelper()
+	Expect(k8s.Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "settlement-admin"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{hooksv1alpha1.GroupVersion.Group}, Resources: []string{"*"}, Verbs: []string{"*"}}},
+	})).To(Succeed())
+	Expect(k8s.Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "settlement-admin"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "settlement-admin"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
+	})).To(Succeed())
+	path := filepath.Join(workDir, ns+"-admin.kubeconfig")
+	Expect(testenv.WriteKubeconfig(path, cfg, ns+"-admin", user)).To(Succeed())
+	return path
+}
+
+// refused runs kubectl and expects the API server to refuse it with a message that
+// contains why.
+func refused(kubeconfig, why string, args ...string) {
+	GinkgoHelper()
+	out, stderr, err := kubectlE(kubeconfig, args...)
+	Expect(err).To(HaveOccurred(), "kubectl %s was allowed:\n%s", strings.Join(args, " "), out)
+	Expect(stderr).To(ContainSubstring(why), "kubectl %s", strings.Join(args, " "))
+}
+
+func hasCondition(conds []metav1.Condition, typ string, status metav1.ConditionStatus) bool {
+	for _, c := range conds {
+		if c.Type == typ && c.Status == status {
+			return true
+		}
+	}
+	return false
+}
+
+// recordProtectionParam is "<namespace>/<name>" of the ServiceAccount the record
+// protection policy's binding takes as its parameter (the manager's identity).
+func recordProtectionParam(objs []*unstructured.Unstructured) string {
+	GinkgoHelper()
+	for _, o := range objs {
+		if o.GetKind() == "ValidatingAdmissionPolicyBinding" {
+			b := decode[admissionregistrationv1.ValidatingAdmissionPolicyBinding](o)
+			Expect(b.Spec.ParamRef).NotTo(BeNil())
+			Expect(b.Spec.ParamRef.ParameterNotFoundAction).To(HaveValue(Equal(admissionregistrationv1.DenyAction)))
+			return b.Spec.ParamRef.Namespace + "/" + b.Spec.ParamRef.Name
+		}
+	}
+	Fail("the installer has no ValidatingAdmissionPolicyBinding")
+	return ""
+}
+
+// scraped is one answer of a replica's metrics endpoint.
+type scraped struct {
+	status int
+	body   string
+}
+
+// scrape GETs https://<addr>/metrics with a bearer token ("" sends none). The manager
+// serves a self-signed certificate (no --metrics-cert-dir), so it is not verified;
+// that it is TLS at all is checked by the request succeeding.
+func scrape(addr, token string) scraped {
+	GinkgoHelper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+addr+"/metrics", nil)
+	Expect(err).NotTo(HaveOccurred())
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the manager's self-signed certificate
+	}}
+	resp, err := hc.Do(req)
+	Expect(err).NotTo(HaveOccurred())
+	defer resp.Body.Close()
+	return scraped{status: resp.StatusCode, body: string(must(io.ReadAll(resp.Body)))}
+}
+
+// metricsToken creates ServiceAccount monitoring/<name>, bound to the installer's
+// metrics-reader ClusterRole when reader is true, and returns a token for it from the
+// TokenRequest API (as a kubelet would mount into Prometheus' Pod).
+func metricsToken(name string, reader bool) string {
+	GinkgoHelper()
+	const ns = "monitoring"
+	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		Expect(apierrors.IsAlreadyExists(err)).To(BeTrue(), err.Error())
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	Expect(k8s.Create(ctx, sa)).To(Succeed())
+	if reader {
+		role := find("ClusterRole", "settlement-operator-metrics-reader")
+		Expect(k8s.Create(ctx, &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "metrics-reader-" + name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.GetName()},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: name}},
+		})).To(Succeed())
+	}
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}
+	Expect(k8s.SubResource("token").Create(ctx, sa, tr)).To(Succeed())
+	Expect(tr.Status.Token).NotTo(BeEmpty())
+	return tr.Status.Token
 }

@@ -187,7 +187,10 @@ func startReplica(extra ...string) *replica {
 	r := &replica{name: fmt.Sprintf("manager-%d", n), receiverURL: "http://" + recvAddr,
 		metricsURL: "http://" + metricsAddr + "/metrics", probeURL: "http://" + probeAddr + "/readyz", done: make(chan struct{})}
 	args := append([]string{"--kubeconfig", kubeconfig, "--leader-elect", "--leader-election-namespace", leaderNS,
-		"--receiver-bind-address", recvAddr, "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", probeAddr,
+		// Plain-HTTP metrics on loopback: the suite reads them (leader gauge, archive
+		// metrics) as a local process; test/deploy covers the authenticated default.
+		"--receiver-bind-address", recvAddr, "--metrics-bind-address", metricsAddr, "--metrics-secure=false",
+		"--health-probe-bind-address", probeAddr,
 		"--max-concurrent-reconciles", "4"}, extra...)
 	r.cmd = exec.Command(managerBin, args...)
 	r.logPath = filepath.Join(workDir, r.name+".log")
