@@ -2,12 +2,17 @@
 // the PATH it runs as `kubectl settlement …`:
 //
 //	go install github.com/settlement-operator/settlement-operator/cmd/kubectl-settlement@latest
+//	kubectl settlement trace <event-id|job-id|settlement-key|idempotency-key|name> [-n NS] [--provider P]
+//	kubectl settlement replay <settlement-name|settlement-key|idempotency-key> [-n NS]
+//	kubectl settlement keys <event-id|job-id|settlement-key> [-n NS] [--provider P]
 //	kubectl settlement archive get <settlement-key|idempotency-key|job-id|event-id|name>
 //	kubectl settlement archive list [--customer C] [--state S] [--since T] [--until T] [--limit N]
 //	kubectl settlement archive export --since T [--until T] --format csv|jsonl
 //
-// It reads the operator's PostgreSQL archive of finished records (docs/archive.md)
-// through a read-only session, and never writes to it. Exit status: 0 done, 1 nothing
+// trace and keys only read; replay patches one annotation, nothing else. The archive
+// commands (and trace, when an archive is given) read the operator's PostgreSQL archive
+// of finished records (docs/archive.md) through a read-only session, and never write
+// to it. Exit status: 0 done, 1 nothing
 // found or the archive (or the cluster) could not be read, 2 the command line or the
 // configuration is wrong.
 package main
@@ -82,12 +87,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(
 const topHelp = `kubectl settlement: tools for settlement-operator.
 
 Commands:
+  trace <ref>         the whole story of an event, job or settlement: event, job
+                      completion, settlements and their refunds, provider reference,
+                      with conditions and timestamps, from the cluster and the archive
+  replay <settlement> replay a dead-lettered settlement (sets its replay annotation)
+  keys <id>           the names and keys the operator derives from an event ID, job ID
+                      or settlement key
   archive get <ref>   find archived records by settlement key, idempotency key, job ID,
                       event ID or object name
   archive list        list archived settlements (by customer, state, time)
   archive export      stream archived settlements as CSV or JSON Lines, for finance
 
-Run 'kubectl settlement archive <command> --help' for a command's flags.
+Run 'kubectl settlement <command> --help' for a command's flags.
 `
 
 const archiveHelp = `kubectl settlement archive: read the operator's PostgreSQL archive of finished
@@ -102,6 +113,7 @@ Run 'kubectl settlement archive <command> --help' for a command's flags.
 `
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string, red *redactor) error {
+	c := &command{stdout: stdout, stderr: stderr, env: env, red: red}
 	if len(args) == 0 {
 		return usagef("", "no command given (try 'kubectl settlement archive get <ref>')")
 	}
@@ -109,14 +121,19 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	case "-h", "--help", "-help", "help":
 		return &helpRequested{text: topHelp}
 	case "archive":
+	case "keys":
+		return c.keys(ctx, args[1:])
+	case "trace":
+		return c.trace(ctx, args[1:])
+	case "replay":
+		return c.replay(ctx, args[1:])
 	default:
-		return usagef("", "unknown command %q (the only command group is 'archive')", args[0])
+		return usagef("", "unknown command %q: want trace, replay, keys or archive", args[0])
 	}
 	args = args[1:]
 	if len(args) == 0 {
 		return usagef("archive", "no archive command given: get, list or export")
 	}
-	c := &command{stdout: stdout, stderr: stderr, env: env, red: red}
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
 		return &helpRequested{text: archiveHelp}

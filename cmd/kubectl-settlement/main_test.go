@@ -34,6 +34,7 @@ func TestMain(m *testing.M) {
 	}
 	server = s
 	code := m.Run()
+	stopCluster()
 	s.Close()
 	os.Exit(code)
 }

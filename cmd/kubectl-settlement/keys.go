@@ -1,0 +1,172 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/settlement-operator/settlement-operator/internal/identity"
+)
+
+const keysHelp = `Print the names and keys the operator derives from an event ID, a job ID or a
+settlement key, for a namespace and a webhook provider (docs/design.md §3), so nobody
+computes a hash by hand. The reference is shown under each reading; nothing is looked up.
+
+Usage:
+  kubectl settlement keys <event-id|job-id|settlement-key> [-n NS] [--provider NAME] [-o json]
+
+  -o, --output json         one JSON object per webhook provider, in a list
+` + clusterHelp + `
+Without --provider the namespace's WebhookProviders are read from the cluster.
+
+Examples:
+  kubectl settlement keys job-7781 -n tenant-a --provider inference
+  kubectl settlement keys 'refund/inference/job-7781' -n tenant-a --provider inference -o json
+`
+
+// derivedKeys is every name and key one reference can stand for. The JSON names are
+// part of the command's output contract.
+type derivedKeys struct {
+	Namespace string `json:"namespace"`
+	Provider  string `json:"provider"`
+	Reference string `json:"reference"`
+	// As an event ID.
+	EventName string `json:"eventName"`
+	// As a job ID.
+	JobCompletionName    string `json:"jobCompletionName"`
+	JobSettlementKey     string `json:"jobSettlementKey"`
+	JobSettlementName    string `json:"jobSettlementName"`
+	JobIdempotencyKey    string `json:"jobIdempotencyKey"`
+	LegacyJobSettleKey   string `json:"legacyJobSettlementKey"`
+	LegacyJobIdempotency string `json:"legacyJobIdempotencyKey"`
+	// As a settlement key.
+	SettlementName       string `json:"settlementName"`
+	IdempotencyKey       string `json:"idempotencyKey"`
+	LegacyIdempotencyKey string `json:"legacyIdempotencyKey"`
+	// Note says when a structured settlement key names another namespace or provider.
+	Note string `json:"note,omitempty"`
+}
+
+// derive computes every reading of ref with internal/identity, the functions the
+// operator itself uses.
+func derive(ns, provider, ref string) derivedKeys {
+	jobKey := identity.JobSettlementKey(ns, provider, ref)
+	legacyJobKey := identity.DefaultSettlementKey(provider, ref)
+	d := derivedKeys{
+		Namespace: ns, Provider: provider, Reference: ref,
+		EventName:         identity.EventName(ns, provider, ref),
+		JobCompletionName: identity.JobCompletionName(provider, ref),
+		JobSettlementKey:  jobKey, JobSettlementName: identity.SettlementNameFor(provider, jobKey),
+		JobIdempotencyKey:  identity.NamespacedIdempotencyKey(ns, jobKey),
+		LegacyJobSettleKey: legacyJobKey, LegacyJobIdempotency: identity.IdempotencyKey(legacyJobKey),
+		SettlementName: identity.SettlementNameFor(provider, ref), IdempotencyKey: identity.NamespacedIdempotencyKey(ns, ref),
+		LegacyIdempotencyKey: identity.IdempotencyKey(ref),
+	}
+	if k, ok := identity.ParseSettlementKey(ref); ok {
+		switch {
+		case k.Namespace != ns:
+			d.Note = fmt.Sprintf("this settlement key belongs to namespace %q: a settlement in %q with it is refused (InvalidIdentity)", k.Namespace, ns)
+		case k.Provider != provider:
+			d.Note = fmt.Sprintf("this settlement key is webhook provider %q's: its settlement is named from it, whatever --provider says", k.Provider)
+		}
+	}
+	return d
+}
+
+func (c *command) keys(ctx context.Context, args []string) error {
+	const cmd = "keys"
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	var cf clusterFlags
+	cf.register(fs, false)
+	var output string
+	fs.StringVar(&output, "o", "", "")
+	fs.StringVar(&output, "output", "", "")
+	pos, set, err := parse(cmd, fs, args, keysHelp)
+	if err != nil {
+		return err
+	}
+	if err := cf.validate(cmd, set); err != nil {
+		return err
+	}
+	ref, err := oneReference(cmd, pos, "an event ID, job ID or settlement key")
+	if err != nil {
+		return err
+	}
+	if output != "" && output != "json" {
+		return usagef(cmd, "--output %q: want json (or nothing, for text)", output)
+	}
+	ns, err := namespace(&cf.common, c.env)
+	if err != nil {
+		return err
+	}
+	providers := []string{cf.provider}
+	if cf.provider == "" {
+		cl, err := kubeClient(&cf.common, c.env)
+		if err != nil {
+			return err
+		}
+		if providers, err = webhookProviders(ctx, cl, ns, ""); err != nil {
+			return err
+		}
+		if len(providers) == 0 {
+			return fmt.Errorf("namespace %q has no WebhookProvider: give --provider", ns)
+		}
+	}
+	all := make([]derivedKeys, len(providers))
+	for i, p := range providers {
+		all[i] = derive(ns, p, ref)
+	}
+	w := bufio.NewWriter(c.stdout)
+	if output == "json" {
+		b, err := json.MarshalIndent(all, "", "    ")
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "%s\n", b)
+		return w.Flush()
+	}
+	for i, d := range all {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		printKeys(w, d)
+	}
+	return w.Flush()
+}
+
+func printKeys(w *bufio.Writer, d derivedKeys) {
+	fmt.Fprintf(w, "Namespace %q, webhook provider %q, reference %q\n", d.Namespace, d.Provider, d.Reference)
+	tw := table(w)
+	fmt.Fprintln(tw, "As an event ID:")
+	fmt.Fprintf(tw, "  WebhookEvent\t%s\n", d.EventName)
+	fmt.Fprintln(tw, "As a job ID:")
+	fmt.Fprintf(tw, "  JobCompletion\t%s\n", d.JobCompletionName)
+	fmt.Fprintf(tw, "  settlement key\t%s\n", d.JobSettlementKey)
+	fmt.Fprintf(tw, "  BillingSettlement\t%s\n", d.JobSettlementName)
+	fmt.Fprintf(tw, "  idempotency key\t%s\n", d.JobIdempotencyKey)
+	fmt.Fprintf(tw, "  before issue 10\tsettlement key %s, idempotency key %s (same BillingSettlement name)\n", d.LegacyJobSettleKey, d.LegacyJobIdempotency)
+	fmt.Fprintln(tw, "As a settlement key:")
+	fmt.Fprintf(tw, "  BillingSettlement\t%s\n", d.SettlementName)
+	fmt.Fprintf(tw, "  idempotency key\t%s\n", d.IdempotencyKey)
+	fmt.Fprintf(tw, "  before issue 10\tidempotency key %s\n", d.LegacyIdempotencyKey)
+	_ = tw.Flush()
+	if d.Note != "" {
+		fmt.Fprintln(w, "Note: "+d.Note)
+	}
+}
+
+// oneReference is the single positional argument of keys, trace and replay.
+func oneReference(cmd string, pos []string, what string) (string, error) {
+	switch {
+	case len(pos) == 0:
+		return "", usagef(cmd, "give %s", what)
+	case len(pos) > 1:
+		return "", usagef(cmd, "give one reference, got %d: %s", len(pos), strings.Join(pos, " "))
+	case pos[0] == "":
+		return "", usagef(cmd, "the reference is empty")
+	}
+	return pos[0], nil
+}

@@ -1,0 +1,229 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
+)
+
+const replayHelp = `Replay a dead-lettered (Failed) or RequiresReconciliation settlement: set its
+hooks.settlement.dev/replay annotation to a new unique value, as the runbook's
+kubectl annotate does. The controller resumes it with the same idempotency key and a
+fresh retry budget; if money may have moved it asks the provider by key first, so a
+replay never charges twice. Only metadata is patched: the settlement-replayer
+ClusterRole (get/list/patch billingsettlements) suffices.
+
+A settlement in another state, being deleted, or refused for its identity or as an
+archived duplicate is not annotated: the controller would ignore the replay.
+
+Usage:
+  kubectl settlement replay <settlement-name|settlement-key|idempotency-key> [-n NS] [--provider NAME]
+` + clusterHelp + `
+Examples:
+  kubectl settlement replay inference-stl-6f1c0d9e8b7a6f5e4d3c2b1a0f9e8d7c -n tenant-a
+  kubectl settlement replay '["job","tenant-a","inference","job-7781"]' -n tenant-a
+`
+
+// replayable says why the controller would ignore a replay of bs, or "" when it would
+// act on it. It mirrors controllers/billingsettlement_phases.go: handleReplay resumes
+// only Failed and RequiresReconciliation; checkIdentity and checkArchive stop a refused
+// settlement before handleReplay runs; a settlement being deleted runs no handleReplay.
+func replayable(bs *hooksv1alpha1.BillingSettlement) string {
+	st := bs.Status.State
+	ready := meta.FindStatusCondition(bs.Status.Conditions, hooksv1alpha1.ConditionReady)
+	switch {
+	case !bs.DeletionTimestamp.IsZero():
+		return "it is being deleted: the controller only resolves it by lookups now and ignores a replay"
+	case st != hooksv1alpha1.SettlementFailed && st != hooksv1alpha1.SettlementRequiresReconciliation:
+		s := string(st)
+		if s == "" {
+			s = "new (no state yet)"
+		}
+		return "it is " + s + ", not Failed or RequiresReconciliation: the controller would record the replay and ignore it" + stateHint(st)
+	case ready != nil && ready.Reason == hooksv1alpha1.ReasonInvalidIdentity:
+		return "it was refused for its identity (InvalidIdentity) and nothing was sent: a replay cannot fix an immutable spec; " +
+			"create a settlement with the derived name and keys instead (kubectl settlement keys)"
+	case ready != nil && ready.Reason == hooksv1alpha1.ReasonArchivedDuplicate:
+		return "the archive already holds its key (ArchivedDuplicate): it is never sent; find the original with kubectl settlement archive get " +
+			bs.Spec.IdempotencyKey
+	}
+	return ""
+}
+
+func stateHint(st hooksv1alpha1.SettlementState) string {
+	switch st {
+	case hooksv1alpha1.SettlementPending, hooksv1alpha1.SettlementSubmitted:
+		return " (it is still being worked on: its Ready condition says what it waits for)"
+	case hooksv1alpha1.SettlementSettled:
+		return " (it is settled: a correction is a Refund)"
+	}
+	return ""
+}
+
+func (c *command) replay(ctx context.Context, args []string) error {
+	const cmd = "replay"
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	var cf clusterFlags
+	cf.register(fs, false)
+	pos, set, err := parse(cmd, fs, args, replayHelp)
+	if err != nil {
+		return err
+	}
+	if err := cf.validate(cmd, set); err != nil {
+		return err
+	}
+	ref, err := oneReference(cmd, pos, "the settlement to replay: its name, settlement key or idempotency key")
+	if err != nil {
+		return err
+	}
+	ns, err := namespace(&cf.common, c.env)
+	if err != nil {
+		return err
+	}
+	cl, err := kubeClient(&cf.common, c.env)
+	if err != nil {
+		return err
+	}
+	bs, tried, err := resolveSettlement(ctx, cl, ns, cf.provider, ref)
+	if err != nil {
+		return err
+	}
+	if bs == nil {
+		return fmt.Errorf("no BillingSettlement in namespace %q matches %q; tried: %s", ns, ref, strings.Join(tried, "; "))
+	}
+	if why := replayable(bs); why != "" {
+		return fmt.Errorf("not replaying billingsettlement %s/%s: %s", ns, bs.Name, why)
+	}
+	token, err := replayToken(time.Now())
+	if err != nil {
+		return err
+	}
+	// A merge patch of the annotation only, guarded by the resourceVersion that was
+	// checked: if the settlement changed since (settled, replayed by someone else),
+	// the patch fails instead of replaying a state nobody looked at.
+	before := bs.DeepCopy()
+	if bs.Annotations == nil {
+		bs.Annotations = map[string]string{}
+	}
+	bs.Annotations[hooksv1alpha1.AnnotationReplay] = token
+	patch := client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
+	if err := cl.Patch(ctx, bs, patch); err != nil {
+		switch {
+		case apierrors.IsConflict(err):
+			return fmt.Errorf("billingsettlement %s/%s changed while it was being replayed; nothing was done: look at it again (kubectl settlement trace %s -n %s)", ns, bs.Name, bs.Name, ns)
+		case apierrors.IsForbidden(err):
+			return fmt.Errorf("not allowed to patch billingsettlement %s/%s: a replay needs the settlement-replayer ClusterRole (kubectl auth can-i patch billingsettlements -n %s)", ns, bs.Name, ns)
+		}
+		return fmt.Errorf("annotate billingsettlement %s/%s: %w", ns, bs.Name, err)
+	}
+	fmt.Fprintf(c.stdout, "billingsettlement %s/%s annotated %s=%s\n", ns, bs.Name, hooksv1alpha1.AnnotationReplay, token)
+	fmt.Fprintln(c.stdout, whatHappensNext(before))
+	fmt.Fprintf(c.stdout, "Follow it: kubectl settlement trace %s -n %s   (or kubectl get bs %s -n %s -w)\n", bs.Name, ns, bs.Name, ns)
+	return nil
+}
+
+// whatHappensNext explains what the controller does with the replay, from the state
+// and exposure the settlement had (docs/design.md §5.3 Replay, §11).
+func whatHappensNext(bs *hooksv1alpha1.BillingSettlement) string {
+	st := &bs.Status
+	var b strings.Builder
+	fmt.Fprintf(&b, "Next: the controller records the replay in status.replay and resumes it from %s with the same idempotency key %s and a fresh retry budget. ",
+		st.State, bs.Spec.IdempotencyKey)
+	switch st.Exposure {
+	case hooksv1alpha1.ExposureNone:
+		b.WriteString("Exposure is None (nothing can have moved): it is sent to the provider again.")
+	case "":
+		b.WriteString("Its exposure is not recorded: it asks the provider by key before anything is sent.")
+	default:
+		fmt.Fprintf(&b, "Exposure is %s (money may have moved): it asks the provider by key first and sends nothing until the provider answered; a charge already there is adopted, never repeated.", st.Exposure)
+	}
+	if d := st.Disagreement; d != nil {
+		fmt.Fprintf(&b, " The provider's record under this key disagrees (%s, field %q): it is not adopted, and the disagreement stays until the provider answers \"not found\".", d.Reason, d.Field)
+	}
+	if c := meta.FindStatusCondition(st.Conditions, hooksv1alpha1.ConditionDeadLettered); st.State == hooksv1alpha1.SettlementFailed && (c == nil || c.Status != "True") {
+		b.WriteString(" Note: it was not dead-lettered; the provider itself failed it (" + readyReason(bs) + "), and will likely answer the same again.")
+	}
+	return b.String()
+}
+
+func readyReason(bs *hooksv1alpha1.BillingSettlement) string {
+	if c := meta.FindStatusCondition(bs.Status.Conditions, hooksv1alpha1.ConditionReady); c != nil {
+		return c.Reason
+	}
+	return "no Ready condition"
+}
+
+// replayToken is a new value for the replay annotation: the time and 48 random bits,
+// so two people replaying in the same second still set different values.
+func replayToken(now time.Time) (string, error) {
+	var r [6]byte
+	if _, err := rand.Read(r[:]); err != nil {
+		return "", fmt.Errorf("make a replay token: %w", err)
+	}
+	return "kubectl-settlement-" + now.UTC().Format("20060102t150405z") + "-" + hex.EncodeToString(r[:]), nil
+}
+
+// resolveSettlement finds the settlement ref names: by object name, by the name derived
+// from ref as a settlement key (for a structured key from the key itself, else for each
+// webhook provider), else by a list matching the settlement key or idempotency key.
+// tried says what was looked for, for the message when nothing matches.
+func resolveSettlement(ctx context.Context, cl client.Client, ns, provider, ref string) (*hooksv1alpha1.BillingSettlement, []string, error) {
+	var tried []string
+	try := func(name, why string) (*hooksv1alpha1.BillingSettlement, error) {
+		for _, t := range tried {
+			if strings.HasPrefix(t, "BillingSettlement "+name+" ") {
+				return nil, nil
+			}
+		}
+		tried = append(tried, "BillingSettlement "+name+" ("+why+")")
+		var bs hooksv1alpha1.BillingSettlement
+		ok, err := getIfExists(ctx, cl, ns, name, &bs)
+		if !ok || err != nil {
+			return nil, err
+		}
+		// A name derived from a key must hold that key: a settlement that merely
+		// shares the name is not the one asked for.
+		if why != "object name" && bs.Spec.SettlementKey != ref {
+			return nil, nil
+		}
+		return &bs, nil
+	}
+	if bs, err := try(ref, "object name"); bs != nil || err != nil {
+		return bs, tried, err
+	}
+	if k, ok := identity.ParseSettlementKey(ref); ok {
+		if bs, err := try(identity.SettlementNameFor(k.Provider, ref), "settlement key"); bs != nil || err != nil {
+			return bs, tried, err
+		}
+	} else if provider != "" {
+		if bs, err := try(identity.SettlementName(provider, ref), "settlement key of webhook provider "+provider); bs != nil || err != nil {
+			return bs, tried, err
+		}
+	}
+	tried = append(tried, "every BillingSettlement of the namespace whose settlement key or idempotency key is the reference")
+	found, err := findSettlements(ctx, cl, ns, func(bs *hooksv1alpha1.BillingSettlement) bool {
+		return bs.Spec.SettlementKey == ref || bs.Spec.IdempotencyKey == ref
+	})
+	if err != nil || len(found) == 0 {
+		return nil, tried, err
+	}
+	if len(found) > 1 {
+		names := make([]string, len(found))
+		for i := range found {
+			names[i] = found[i].Name
+		}
+		return nil, tried, fmt.Errorf("%q matches %d settlements (%s): give the name", ref, len(found), strings.Join(names, ", "))
+	}
+	return &found[0], tried, nil
+}
