@@ -159,7 +159,9 @@ func (s *Store) Find(ctx context.Context, namespace, ref string) (Found, error) 
 		r = w.arg(ref)
 		w.and("(name = " + r + " OR event_id = " + r + ")")
 		w.namespace(namespace)
-		rows, err = tx.Query(ctx, `SELECT object, archived_at FROM event_receipts WHERE `+w.sql()+
+		// A receipt written since migration 0002 stores no object: event_receipt_object
+		// builds it from the columns (0001 rows: the stored object).
+		rows, err = tx.Query(ctx, `SELECT event_receipt_object(t), archived_at FROM event_receipts t WHERE `+w.sql()+
 			` ORDER BY namespace, received_at, name`, w.args...)
 		if err != nil {
 			return fmt.Errorf("find archived events: %w", err)
