@@ -255,6 +255,15 @@ func (s *Store) ready() error {
 // there while a record is archived). Labels, annotations and finalizers of anyone else
 // are kept. No content hash covers any of it.
 func objectJSON(obj any, kind string) ([]byte, error) {
+	m, err := objectMap(obj, kind)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(m)
+}
+
+// objectMap is objectJSON before it is encoded.
+func objectMap(obj any, kind string) (map[string]any, error) {
 	raw, err := json.Marshal(obj)
 	if err != nil {
 		return nil, err
@@ -296,7 +305,7 @@ func objectJSON(obj any, kind string) ([]byte, error) {
 			}
 		}
 	}
-	return json.Marshal(m)
+	return m, nil
 }
 
 func hashOf(v any) string {

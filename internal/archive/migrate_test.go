@@ -75,16 +75,21 @@ func TestRowsOf0001AfterMigration(t *testing.T) {
 	}
 }
 
-// A receipt written since 0002 stores no object; what readers get is built from its
-// columns, checked on insert, and shows every field kubectl shows.
-func TestReceiptRowsAreTheRecord(t *testing.T) {
+// Receipts and job completions written since 0002 store no object: what readers get
+// is built from the row (event_receipt_object, job_completion_object), checked on
+// insert, and is the record as archived; settlements keep theirs without the cluster's
+// bookkeeping; the views show every field kubectl shows.
+func TestRowsOf0002ReadBackWhole(t *testing.T) {
 	ctx := context.Background()
 	s, db := newStoreDB(t)
 	ev, jc, bs := happyPath(3)
 	seq := int64(1733059680123456789) // past float64's 2^53: kept exact
 	ev.Spec.Sequence = &seq
 	ev.Spec.RawPayload = `{"id":"x"}`
-	bs.Labels["team"] = "payments" // anyone else's labels and finalizers are information
+	bs.Labels["team"] = "payments"                // anyone else's labels and finalizers are information
+	jc.Spec.Completion.Usage.Quantity = "0007.50" // kept exactly as received (usage_quantity is numeric)
+	jc.Spec.Sink = &hooksv1alpha1.JobSink{Type: hooksv1alpha1.JobSinkHTTP, URL: "https://jobs.example.com"}
+	jc.Annotations = map[string]string{"example.com/ticket": "OPS-1"}
 	bs.Finalizers = append(bs.Finalizers, "example.com/hold")
 	for _, err := range []error{s.ArchiveEvent(ctx, ev), s.ArchiveJobCompletion(ctx, jc), s.ArchiveSettlement(ctx, bs)} {
 		if err != nil {
@@ -118,11 +123,29 @@ func TestReceiptRowsAreTheRecord(t *testing.T) {
 		t.Fatalf("the receipt as built from its columns: %+v", got)
 	}
 
+	// A job completion reads back as the object it was, built from its columns and rest.
+	gotJob, err := s.LatestJob(ctx, jc.Namespace, jc.Spec.Provider, jc.Spec.JobID)
+	if err != nil || gotJob == nil {
+		t.Fatalf("latest job: %v %v", gotJob, err)
+	}
+	for _, pair := range [][2]any{{gotJob.Spec, jc.Spec}, {gotJob.Status, jc.Status}, {gotJob.Annotations, jc.Annotations},
+		{gotJob.UID, jc.UID}, {gotJob.Name, jc.Name}, {gotJob.Namespace, jc.Namespace}, {gotJob.CreationTimestamp, jc.CreationTimestamp}} {
+		g, _ := json.Marshal(pair[0])
+		w, _ := json.Marshal(pair[1])
+		if string(g) != string(w) {
+			t.Errorf("the archived job completion reads back as\n%s\nwant\n%s", g, w)
+		}
+	}
+
 	conn, err := pgx.Connect(ctx, server.URL(db))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
+	var jobObjectNull bool
+	if err := conn.QueryRow(ctx, `SELECT object IS NULL FROM job_completions WHERE name = $1`, jc.Name).Scan(&jobObjectNull); err != nil || !jobObjectNull {
+		t.Fatalf("a new job completion stores no object: %v %v", jobObjectNull, err)
+	}
 	var objectNull bool
 	if err := conn.QueryRow(ctx, `SELECT object IS NULL FROM event_receipts WHERE name = $1`, ev.Name).Scan(&objectNull); err != nil || !objectNull {
 		t.Fatalf("a new receipt stores no object: %v %v", objectNull, err)
@@ -159,6 +182,11 @@ func TestReceiptRowsAreTheRecord(t *testing.T) {
 	var n int
 	if err := conn.QueryRow(ctx, `SELECT jsonb_array_length(conditions) FROM archived_settlements WHERE name = $1`, bs.Name).Scan(&n); err != nil || n != 5 {
 		t.Fatalf("archived_settlements shows the conditions: %d %v", n, err)
+	}
+	var qty string
+	if err := conn.QueryRow(ctx, `SELECT jsonb_array_length(conditions), object #>> '{spec,completion,usage,quantity}'
+		FROM archived_job_completions WHERE name = $1`, jc.Name).Scan(&n, &qty); err != nil || n != 2 || qty != "0007.50" {
+		t.Fatalf("archived_job_completions shows the conditions and the object: %d %q %v", n, qty, err)
 	}
 	var phase, provider string
 	if err := conn.QueryRow(ctx, `SELECT phase, object->'spec'->>'provider' FROM archived_event_receipts WHERE name = $1`, ev.Name).

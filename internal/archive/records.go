@@ -181,9 +181,11 @@ func eventSpecExtra(sp *hooksv1alpha1.WebhookEventSpec) ([]byte, error) {
 	return json.Marshal(e)
 }
 
-// ArchiveJobCompletion archives one version of a job's completion.
+// ArchiveJobCompletion archives one version of a job's completion. The columns hold
+// its facts and rest the remainder of the object (migration 0002); the row is read back
+// through job_completion_object, the function every later read goes through.
 func (s *Store) ArchiveJobCompletion(ctx context.Context, jc *hooksv1alpha1.JobCompletion) error {
-	obj, err := objectJSON(jc, "JobCompletion")
+	rest, err := jobRest(jc)
 	if err != nil {
 		return err
 	}
@@ -195,14 +197,44 @@ func (s *Store) ArchiveJobCompletion(ctx context.Context, jc *hooksv1alpha1.JobC
 	}
 	return s.insertReadBack(ctx, "JobCompletion", jc.Namespace, jc.Name,
 		`INSERT INTO job_completions (namespace, name, uid, provider, job_id, version, job_state, state, applied_version,
-			completed_at, applied_at, usage_meter, usage_quantity, usage_unit, source_event, created_at, content_hash, object)
+			completed_at, applied_at, usage_meter, usage_quantity, usage_unit, source_event, created_at, content_hash, rest)
 		 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13::numeric,$14,$15,$16,$17,$18) ON CONFLICT DO NOTHING`,
 		[]any{jc.Namespace, jc.Name, string(jc.UID), jc.Spec.Provider, jc.Spec.JobID, c.Version, string(c.State),
 			string(jc.Status.State), jc.Status.AppliedVersion, ts(c.CompletedAt), ts(jc.Status.AppliedAt), meter, qty, unit,
-			c.SourceEvent, jc.CreationTimestamp.UTC(), JobContentHash(jc), obj},
-		`SELECT object, content_hash, false FROM job_completions WHERE namespace = $1 AND name = $2 AND version = $3`,
+			c.SourceEvent, jc.CreationTimestamp.UTC(), JobContentHash(jc), rest},
+		`SELECT job_completion_object(t), content_hash, false FROM job_completions t WHERE namespace = $1 AND name = $2 AND version = $3`,
 		[]any{jc.Namespace, jc.Name, c.Version},
 		rehash(JobContentHash, jc))
+}
+
+// jobRest is the part of a job completion's object that has no column: the object
+// (as objectJSON keeps it) without what job_completion_object takes from the columns.
+// The usage stays whole (its quantity exactly as received; usage_quantity is numeric).
+func jobRest(jc *hooksv1alpha1.JobCompletion) ([]byte, error) {
+	m, err := objectMap(jc, "JobCompletion")
+	if err != nil {
+		return nil, err
+	}
+	delete(m, "apiVersion")
+	delete(m, "kind")
+	drop := func(path []string, keys ...string) {
+		cur := m
+		for _, p := range path {
+			next, ok := cur[p].(map[string]any)
+			if !ok {
+				return
+			}
+			cur = next
+		}
+		for _, k := range keys {
+			delete(cur, k)
+		}
+	}
+	drop([]string{"metadata"}, "namespace", "name", "uid", "creationTimestamp")
+	drop([]string{"spec"}, "provider", "jobID")
+	drop([]string{"spec", "completion"}, "version", "state", "completedAt", "sourceEvent")
+	drop([]string{"status"}, "state", "appliedVersion", "appliedAt")
+	return json.Marshal(m)
 }
 
 // ArchiveSettlement archives a settlement.
@@ -288,8 +320,8 @@ func (s *Store) LatestJob(ctx context.Context, namespace, provider, jobID string
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var raw []byte
-	err := s.pool.QueryRow(ctx, `SELECT object FROM job_completions WHERE namespace = $1 AND provider = $2 AND job_id = $3
-		ORDER BY version DESC LIMIT 1`, namespace, provider, jobID).Scan(&raw)
+	err := s.pool.QueryRow(ctx, `SELECT job_completion_object(t) FROM job_completions t WHERE namespace = $1 AND provider = $2
+		AND job_id = $3 ORDER BY version DESC LIMIT 1`, namespace, provider, jobID).Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

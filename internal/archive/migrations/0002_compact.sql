@@ -27,6 +27,32 @@ CREATE FUNCTION event_receipt_object(e event_receipts) RETURNS jsonb LANGUAGE sq
         'status', jsonb_build_object('phase', e.phase, 'operations', e.operations)))
 $$;
 
+-- Job completions: the columns hold the record's facts; `rest` holds the rest of the
+-- object (metadata, the usage as received, the sink, conditions and the other status
+-- fields), so that nothing is stored twice. New rows store no `object` (NULL);
+-- job_completion_object builds it, for rows of either form, and the archiver reads every
+-- new row back through it. (Settlements keep their whole object: measured, the same
+-- split saves them under 100 B a row — docs/decisions.md.)
+ALTER TABLE job_completions ALTER COLUMN object DROP NOT NULL;
+ALTER TABLE job_completions ADD COLUMN rest jsonb;
+
+CREATE FUNCTION job_completion_object(j job_completions) RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT coalesce(j.object, jsonb_build_object(
+        'apiVersion', 'hooks.settlement.dev/v1alpha1',
+        'kind', 'JobCompletion',
+        'metadata', coalesce(j.rest -> 'metadata', '{}'::jsonb) || jsonb_build_object('namespace', j.namespace,
+            'name', j.name, 'uid', j.uid,
+            'creationTimestamp', to_char(j.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')),
+        'spec', coalesce(j.rest -> 'spec', '{}'::jsonb) || jsonb_build_object('provider', j.provider, 'jobID', j.job_id,
+            'completion', coalesce(j.rest #> '{spec,completion}', '{}'::jsonb) || jsonb_strip_nulls(jsonb_build_object(
+                'version', j.version, 'state', j.job_state,
+                'completedAt', to_char(j.completed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+                'sourceEvent', nullif(j.source_event, '')))),
+        'status', coalesce(j.rest -> 'status', '{}'::jsonb) || jsonb_strip_nulls(jsonb_build_object('state', nullif(j.state, ''),
+            'appliedVersion', j.applied_version,
+            'appliedAt', to_char(j.applied_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')))))
+$$;
+
 -- Job completions and settlements: `conditions` repeated status.conditions of `object`.
 -- Dropping a column only marks it dropped (rows are not rewritten); 0001 rows keep their
 -- conditions in `object`. The views below show them as a column again.
@@ -46,7 +72,10 @@ CREATE VIEW archived_event_receipts AS
            e.phase, e.operations, e.created_at, e.content_hash, e.archived_at, event_receipt_object(e) AS object
     FROM event_receipts e;
 CREATE VIEW archived_job_completions AS
-    SELECT j.*, coalesce(j.object -> 'status' -> 'conditions', '[]'::jsonb) AS conditions
+    SELECT j.namespace, j.name, j.uid, j.provider, j.job_id, j.version, j.job_state, j.state, j.applied_version,
+           j.completed_at, j.applied_at, j.usage_meter, j.usage_quantity, j.usage_unit, j.source_event, j.created_at,
+           coalesce(job_completion_object(j) #> '{status,conditions}', '[]'::jsonb) AS conditions,
+           j.content_hash, job_completion_object(j) AS object, j.archived_at
     FROM job_completions j;
 CREATE VIEW archived_settlements AS
     SELECT s.*, coalesce(s.object -> 'status' -> 'conditions', '[]'::jsonb) AS conditions
