@@ -537,11 +537,11 @@ func readArchive(ctx context.Context, conn *pgx.Conn, ns string) (archived, erro
 	var a archived
 	var err error
 	if a.events, err = archivedObjects[hooksv1alpha1.WebhookEvent](ctx, conn,
-		`SELECT object FROM event_receipts WHERE namespace = $1 ORDER BY name`, ns); err != nil {
+		`SELECT event_receipt_object(t) FROM event_receipts t WHERE namespace = $1 ORDER BY name`, ns); err != nil {
 		return a, err
 	}
 	if a.jobs, err = archivedObjects[hooksv1alpha1.JobCompletion](ctx, conn,
-		`SELECT object FROM job_completions WHERE namespace = $1 ORDER BY name, version`, ns); err != nil {
+		`SELECT job_completion_object(t) FROM job_completions t WHERE namespace = $1 ORDER BY name, version`, ns); err != nil {
 		return a, err
 	}
 	if a.settlements, err = archivedObjects[hooksv1alpha1.BillingSettlement](ctx, conn,

@@ -165,7 +165,10 @@ func (s *Store) Ready() bool { return s.ready() == nil }
 // Migrate applies the embedded migrations not yet recorded in schema_migrations, each
 // in its own transaction, under an advisory lock so replicas starting together apply
 // each once.
-func (s *Store) Migrate(ctx context.Context) error {
+func (s *Store) Migrate(ctx context.Context) error { return s.migrate(ctx, 0) }
+
+// migrate applies the migrations up to version upTo (0: all of them).
+func (s *Store) migrate(ctx context.Context, upTo int) error {
 	files, err := migrations.ReadDir("migrations")
 	if err != nil {
 		return err
@@ -205,7 +208,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = $1)`, version).Scan(&applied); err != nil {
 			return fmt.Errorf("read schema_migrations: %w", err)
 		}
-		if applied {
+		if applied || (upTo > 0 && version > upTo) {
 			continue
 		}
 		sql, err := migrations.ReadFile("migrations/" + name)
@@ -244,8 +247,23 @@ func (s *Store) ready() error {
 	return nil
 }
 
-// objectJSON is the record as kubectl would show it, without managedFields.
+// objectJSON is the record as kubectl would show it, without what carries no
+// information once it has left the cluster (migration 0002, docs/archive.md):
+// managedFields, the resourceVersion (a revision of this cluster's etcd), the
+// operator's own labels (hooks.settlement.dev/…: selectors for the informers, each a
+// hash of spec fields the row holds as columns) and its protection finalizer (always
+// there while a record is archived). Labels, annotations and finalizers of anyone else
+// are kept. No content hash covers any of it.
 func objectJSON(obj any, kind string) ([]byte, error) {
+	m, err := objectMap(obj, kind)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(m)
+}
+
+// objectMap is objectJSON before it is encoded.
+func objectMap(obj any, kind string) (map[string]any, error) {
 	raw, err := json.Marshal(obj)
 	if err != nil {
 		return nil, err
@@ -262,8 +280,32 @@ func objectJSON(obj any, kind string) ([]byte, error) {
 	m["kind"] = kind
 	if md, ok := m["metadata"].(map[string]any); ok {
 		delete(md, "managedFields")
+		delete(md, "resourceVersion")
+		if labels, ok := md["labels"].(map[string]any); ok {
+			for k := range labels {
+				if strings.HasPrefix(k, hooksv1alpha1.GroupVersion.Group+"/") {
+					delete(labels, k)
+				}
+			}
+			if len(labels) == 0 {
+				delete(md, "labels")
+			}
+		}
+		if fins, ok := md["finalizers"].([]any); ok {
+			kept := fins[:0]
+			for _, f := range fins {
+				if f != hooksv1alpha1.FinalizerSettlementProtection {
+					kept = append(kept, f)
+				}
+			}
+			if len(kept) == 0 {
+				delete(md, "finalizers")
+			} else {
+				md["finalizers"] = kept
+			}
+		}
 	}
-	return json.Marshal(m)
+	return m, nil
 }
 
 func hashOf(v any) string {
@@ -276,11 +318,13 @@ func hashOf(v any) string {
 }
 
 // insertReadBack inserts one row (ON CONFLICT DO NOTHING: every unique constraint),
-// then reads the row under the record's own name back and compares its content hash,
-// recomputed from the stored object. A row that is missing after the insert means
-// another record holds one of its keys.
+// then reads the row under the record's own name back: its stored content hash, and
+// its content hash recomputed from what is stored (readBack selects the object as
+// readers get it, its content hash, and whether the row is of 0001's form). check
+// returns the recomputed hash and the archived record's own (of the same form). A row
+// that is missing after the insert means another record holds one of its keys.
 func (s *Store) insertReadBack(ctx context.Context, kind, ns, name, insert string, args []any,
-	readBack string, readArgs []any, contentOf func([]byte) (string, error), want string) error {
+	readBack string, readArgs []any, check func(stored []byte, legacy bool) (got, want string, err error)) error {
 	if err := s.ready(); err != nil {
 		return err
 	}
@@ -298,7 +342,8 @@ func (s *Store) insertReadBack(ctx context.Context, kind, ns, name, insert strin
 	}
 	var stored []byte
 	var storedHash string
-	err := s.pool.QueryRow(ctx, readBack, readArgs...).Scan(&stored, &storedHash)
+	var legacy bool
+	err := s.pool.QueryRow(ctx, readBack, readArgs...).Scan(&stored, &storedHash, &legacy)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return &ConflictError{Kind: kind, Namespace: ns, Name: name,
 			Detail: "another archived record holds one of its unique keys (event ID, job version, settlement or idempotency key)"}
@@ -306,7 +351,7 @@ func (s *Store) insertReadBack(ctx context.Context, kind, ns, name, insert strin
 	if err != nil {
 		return fmt.Errorf("read back %s %s/%s: %w", kind, ns, name, err)
 	}
-	got, err := contentOf(stored)
+	got, want, err := check(stored, legacy)
 	if err != nil {
 		return fmt.Errorf("read back %s %s/%s: the stored object does not decode: %w", kind, ns, name, err)
 	}
@@ -318,12 +363,4 @@ func (s *Store) insertReadBack(ctx context.Context, kind, ns, name, insert strin
 			Detail: "the stored object does not read back as what was archived (its encoding lost something)"}
 	}
 	return nil
-}
-
-func conditionsJSON(c any) []byte {
-	b, _ := json.Marshal(c)
-	if string(b) == "null" {
-		return []byte("[]")
-	}
-	return b
 }

@@ -35,6 +35,13 @@ var dbs atomic.Int32
 // newStore opens a migrated store on a database of its own.
 func newStore(t *testing.T) *archive.Store {
 	t.Helper()
+	s, _ := newStoreDB(t)
+	return s
+}
+
+// newStoreDB is newStore, and the database's name.
+func newStoreDB(t *testing.T) (*archive.Store, string) {
+	t.Helper()
 	name := fmt.Sprintf("t%d", dbs.Add(1))
 	if err := server.CreateDatabase(name); err != nil {
 		t.Fatal(err)
@@ -47,7 +54,7 @@ func newStore(t *testing.T) *archive.Store {
 	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return s
+	return s, name
 }
 
 func settled(name string) *hooksv1alpha1.BillingSettlement {
@@ -243,7 +250,7 @@ func TestMigrateTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	v, err := s.SchemaVersion(context.Background())
-	if err != nil || v != 1 {
+	if err != nil || v != 2 {
 		t.Fatalf("schema version %d %v", v, err)
 	}
 }

@@ -7,3 +7,7 @@ func (s *Store) ExecForTest(ctx context.Context, sql string) error {
 	_, err := s.pool.Exec(ctx, sql)
 	return err
 }
+
+// MigrateToForTest applies the migrations up to version upTo only, to write rows of an
+// earlier schema.
+func (s *Store) MigrateToForTest(ctx context.Context, upTo int) error { return s.migrate(ctx, upTo) }

@@ -143,7 +143,7 @@ func (s *Store) Find(ctx context.Context, namespace, ref string) (Found, error) 
 		r = w.arg(ref)
 		w.and("(name = " + r + " OR job_id = " + r + ")")
 		w.namespace(namespace)
-		rows, err = tx.Query(ctx, `SELECT object, archived_at FROM job_completions WHERE `+w.sql()+
+		rows, err = tx.Query(ctx, `SELECT job_completion_object(t), archived_at FROM job_completions t WHERE `+w.sql()+
 			` ORDER BY namespace, provider, job_id, version`, w.args...)
 		if err != nil {
 			return fmt.Errorf("find archived job completions: %w", err)
@@ -159,7 +159,10 @@ func (s *Store) Find(ctx context.Context, namespace, ref string) (Found, error) 
 		r = w.arg(ref)
 		w.and("(name = " + r + " OR event_id = " + r + ")")
 		w.namespace(namespace)
-		rows, err = tx.Query(ctx, `SELECT object, archived_at FROM event_receipts WHERE `+w.sql()+
+		// A receipt written since migration 0002 stores no object: event_receipt_object
+		// builds it from the columns (0001 rows: the stored object); so does
+		// job_completion_object above for job completions.
+		rows, err = tx.Query(ctx, `SELECT event_receipt_object(t), archived_at FROM event_receipts t WHERE `+w.sql()+
 			` ORDER BY namespace, received_at, name`, w.args...)
 		if err != nil {
 			return fmt.Errorf("find archived events: %w", err)

@@ -48,6 +48,29 @@ func EventContentHash(ev *hooksv1alpha1.WebhookEvent) string {
 	return hashOf(eventContent{UID: string(ev.UID), Spec: ev.Spec, Phase: ev.Status.Phase, Operations: operationsOf(ev)})
 }
 
+// receiptContent is what a receipt row written since migration 0002 holds: the UID,
+// the spec's columns and spec_extra, the phase and the operations' outcomes. The
+// event's proposed facts (spec.jobCompletions, spec.settlements) are not part of it:
+// the spec is immutable, so one UID never had other facts, and the facts live on in
+// the rows of the job versions and settlements the event created.
+type receiptContent struct {
+	UID                                       string
+	Provider, EventID, EventType, PayloadHash string
+	ReceivedAt                                metav1.Time
+	Extra                                     eventExtra
+	Phase                                     hooksv1alpha1.EventPhase
+	Operations                                []operationContent
+}
+
+// EventReceiptHash is the content hash of an event receipt row written since
+// migration 0002 (rows written before hold EventContentHash).
+func EventReceiptHash(ev *hooksv1alpha1.WebhookEvent) string {
+	sp := &ev.Spec
+	return hashOf(receiptContent{UID: string(ev.UID), Provider: sp.Provider, EventID: sp.EventID, EventType: sp.EventType,
+		PayloadHash: sp.PayloadHash, ReceivedAt: metav1.NewTime(sp.ReceivedAt.UTC().Truncate(time.Second)),
+		Extra: eventExtra{}.of(sp), Phase: ev.Status.Phase, Operations: operationsOf(ev)})
+}
+
 type jobContent struct {
 	UID            string
 	Spec           hooksv1alpha1.JobCompletionSpec
@@ -82,14 +105,15 @@ func SettlementContentHash(bs *hooksv1alpha1.BillingSettlement) string {
 		ChargedAmount: st.ChargedAmount, SentTo: st.SentTo, FirstSubmittedAt: st.FirstSubmittedAt, SettledAt: st.SettledAt})
 }
 
-// rehash decodes a stored object and computes its content hash again.
-func rehash[T any](hash func(*T) string) func([]byte) (string, error) {
-	return func(b []byte) (string, error) {
+// rehash decodes a stored object and computes its content hash again, next to the
+// archived record's.
+func rehash[T any](hash func(*T) string, archived *T) func([]byte, bool) (string, string, error) {
+	return func(b []byte, _ bool) (string, string, error) {
 		var got T
 		if err := json.Unmarshal(b, &got); err != nil {
-			return "", err
+			return "", "", err
 		}
-		return hash(&got), nil
+		return hash(&got), hash(archived), nil
 	}
 }
 
@@ -105,27 +129,63 @@ func condTrue(conds []metav1.Condition, t string) bool {
 	return meta.IsStatusConditionTrue(conds, t)
 }
 
-// ArchiveEvent archives an event receipt: inserted once, read back and compared.
+// ArchiveEvent archives an event receipt: inserted once, read back and compared. The
+// columns are the record (migration 0002): no object is stored; the spec fields that
+// have no column and carry information go to spec_extra. The row is read back through
+// event_receipt_object, the function that serves every later read, so what is checked
+// is what readers get.
 func (s *Store) ArchiveEvent(ctx context.Context, ev *hooksv1alpha1.WebhookEvent) error {
-	obj, err := objectJSON(ev, "WebhookEvent")
+	ops, _ := json.Marshal(operationsOf(ev))
+	extra, err := eventSpecExtra(&ev.Spec)
 	if err != nil {
 		return err
 	}
-	ops, _ := json.Marshal(operationsOf(ev))
-	want := EventContentHash(ev)
 	return s.insertReadBack(ctx, "WebhookEvent", ev.Namespace, ev.Name,
 		`INSERT INTO event_receipts (namespace, name, uid, provider, event_id, event_type, payload_hash, received_at,
-			phase, operations, created_at, content_hash, object)
+			phase, operations, created_at, content_hash, spec_extra)
 		 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13) ON CONFLICT DO NOTHING`,
 		[]any{ev.Namespace, ev.Name, string(ev.UID), ev.Spec.Provider, ev.Spec.EventID, ev.Spec.EventType, ev.Spec.PayloadHash,
-			ev.Spec.ReceivedAt.UTC(), string(ev.Status.Phase), ops, ev.CreationTimestamp.UTC(), want, obj},
-		`SELECT object, content_hash FROM event_receipts WHERE namespace = $1 AND name = $2`, []any{ev.Namespace, ev.Name},
-		rehash(EventContentHash), want)
+			ev.Spec.ReceivedAt.UTC(), string(ev.Status.Phase), ops, ev.CreationTimestamp.UTC(), EventReceiptHash(ev), extra},
+		`SELECT event_receipt_object(t), content_hash, t.object IS NOT NULL FROM event_receipts t WHERE namespace = $1 AND name = $2`,
+		[]any{ev.Namespace, ev.Name},
+		func(stored []byte, legacy bool) (string, string, error) {
+			var got hooksv1alpha1.WebhookEvent
+			if err := json.Unmarshal(stored, &got); err != nil {
+				return "", "", err
+			}
+			if legacy { // written under 0001: the whole object, and its hash
+				return EventContentHash(&got), EventContentHash(ev), nil
+			}
+			return EventReceiptHash(&got), EventReceiptHash(ev), nil
+		})
 }
 
-// ArchiveJobCompletion archives one version of a job's completion.
+// eventExtra is the part of an event's spec a receipt keeps beyond its columns.
+type eventExtra struct {
+	Sequence            *int64                        `json:"sequence,omitempty"`
+	Quarantine          *hooksv1alpha1.QuarantineInfo `json:"quarantine,omitempty"`
+	RawPayload          string                        `json:"rawPayload,omitempty"`
+	RawPayloadTruncated bool                          `json:"rawPayloadTruncated,omitempty"`
+}
+
+func (e eventExtra) of(sp *hooksv1alpha1.WebhookEventSpec) eventExtra {
+	return eventExtra{Sequence: sp.Sequence, Quarantine: sp.Quarantine, RawPayload: sp.RawPayload, RawPayloadTruncated: sp.RawPayloadTruncated}
+}
+
+// eventSpecExtra is spec_extra: nil (NULL) when the event has none of it.
+func eventSpecExtra(sp *hooksv1alpha1.WebhookEventSpec) ([]byte, error) {
+	e := eventExtra{}.of(sp)
+	if e == (eventExtra{}) {
+		return nil, nil
+	}
+	return json.Marshal(e)
+}
+
+// ArchiveJobCompletion archives one version of a job's completion. The columns hold
+// its facts and rest the remainder of the object (migration 0002); the row is read back
+// through job_completion_object, the function every later read goes through.
 func (s *Store) ArchiveJobCompletion(ctx context.Context, jc *hooksv1alpha1.JobCompletion) error {
-	obj, err := objectJSON(jc, "JobCompletion")
+	rest, err := jobRest(jc)
 	if err != nil {
 		return err
 	}
@@ -135,17 +195,46 @@ func (s *Store) ArchiveJobCompletion(ctx context.Context, jc *hooksv1alpha1.JobC
 	if u := c.Usage; u != nil {
 		meter, unit, qty = &u.Meter, &u.Unit, &u.Quantity
 	}
-	want := JobContentHash(jc)
 	return s.insertReadBack(ctx, "JobCompletion", jc.Namespace, jc.Name,
 		`INSERT INTO job_completions (namespace, name, uid, provider, job_id, version, job_state, state, applied_version,
-			completed_at, applied_at, usage_meter, usage_quantity, usage_unit, source_event, created_at, conditions, content_hash, object)
-		 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13::numeric,$14,$15,$16,$17,$18,$19) ON CONFLICT DO NOTHING`,
+			completed_at, applied_at, usage_meter, usage_quantity, usage_unit, source_event, created_at, content_hash, rest)
+		 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13::numeric,$14,$15,$16,$17,$18) ON CONFLICT DO NOTHING`,
 		[]any{jc.Namespace, jc.Name, string(jc.UID), jc.Spec.Provider, jc.Spec.JobID, c.Version, string(c.State),
 			string(jc.Status.State), jc.Status.AppliedVersion, ts(c.CompletedAt), ts(jc.Status.AppliedAt), meter, qty, unit,
-			c.SourceEvent, jc.CreationTimestamp.UTC(), conditionsJSON(jc.Status.Conditions), want, obj},
-		`SELECT object, content_hash FROM job_completions WHERE namespace = $1 AND name = $2 AND version = $3`,
+			c.SourceEvent, jc.CreationTimestamp.UTC(), JobContentHash(jc), rest},
+		`SELECT job_completion_object(t), content_hash, false FROM job_completions t WHERE namespace = $1 AND name = $2 AND version = $3`,
 		[]any{jc.Namespace, jc.Name, c.Version},
-		rehash(JobContentHash), want)
+		rehash(JobContentHash, jc))
+}
+
+// jobRest is the part of a job completion's object that has no column: the object
+// (as objectJSON keeps it) without what job_completion_object takes from the columns.
+// The usage stays whole (its quantity exactly as received; usage_quantity is numeric).
+func jobRest(jc *hooksv1alpha1.JobCompletion) ([]byte, error) {
+	m, err := objectMap(jc, "JobCompletion")
+	if err != nil {
+		return nil, err
+	}
+	delete(m, "apiVersion")
+	delete(m, "kind")
+	drop := func(path []string, keys ...string) {
+		cur := m
+		for _, p := range path {
+			next, ok := cur[p].(map[string]any)
+			if !ok {
+				return
+			}
+			cur = next
+		}
+		for _, k := range keys {
+			delete(cur, k)
+		}
+	}
+	drop([]string{"metadata"}, "namespace", "name", "uid", "creationTimestamp")
+	drop([]string{"spec"}, "provider", "jobID")
+	drop([]string{"spec", "completion"}, "version", "state", "completedAt", "sourceEvent")
+	drop([]string{"status"}, "state", "appliedVersion", "appliedAt")
+	return json.Marshal(m)
 }
 
 // ArchiveSettlement archives a settlement.
@@ -178,23 +267,22 @@ func (s *Store) ArchiveSettlement(ctx context.Context, bs *hooksv1alpha1.Billing
 	if exposure == "" {
 		exposure = string(hooksv1alpha1.ExposureNone)
 	}
-	want := SettlementContentHash(bs)
 	return s.insertReadBack(ctx, "BillingSettlement", bs.Namespace, bs.Name,
 		`INSERT INTO settlements (namespace, name, uid, billing_provider, settlement_key, idempotency_key, type, reverses,
 			customer, job_id, webhook_provider, source_event, usage_meter, usage_quantity, usage_unit, amount_minor,
 			amount_currency, charged_minor, charged_currency, state, exposure, attempts, provider_ref, provider_status,
 			sent_to_endpoint, sent_to_provider_uid, dead_lettered, reconciled, first_submitted_at, settled_at,
-			last_reconciled_at, created_at, conditions, content_hash, object)
+			last_reconciled_at, created_at, content_hash, object)
 		 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14::numeric,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,
-			$27,$28,$29,$30,$31,$32,$33,$34,$35) ON CONFLICT DO NOTHING`,
+			$27,$28,$29,$30,$31,$32,$33,$34) ON CONFLICT DO NOTHING`,
 		[]any{bs.Namespace, bs.Name, string(bs.UID), sp.BillingProviderRef, sp.SettlementKey, sp.IdempotencyKey, typ, sp.Reverses,
 			sp.Customer, sp.JobID, sp.WebhookProvider, sp.SourceEvent, meter, qty, unit, minor, cur, cminor, ccur,
 			string(st.State), exposure, st.Attempts, st.ProviderRef, st.ProviderStatus, endpoint, bpUID,
 			condTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered), condTrue(st.Conditions, hooksv1alpha1.ConditionReconciled),
 			ts(st.FirstSubmittedAt), ts(st.SettledAt), ts(st.LastReconciledAt), bs.CreationTimestamp.UTC(),
-			conditionsJSON(st.Conditions), want, obj},
-		`SELECT object, content_hash FROM settlements WHERE namespace = $1 AND name = $2`, []any{bs.Namespace, bs.Name},
-		rehash(SettlementContentHash), want)
+			SettlementContentHash(bs), obj},
+		`SELECT object, content_hash, false FROM settlements WHERE namespace = $1 AND name = $2`, []any{bs.Namespace, bs.Name},
+		rehash(SettlementContentHash, bs))
 }
 
 // EventReceipt is an archived event's identity and outcome.
@@ -232,8 +320,8 @@ func (s *Store) LatestJob(ctx context.Context, namespace, provider, jobID string
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var raw []byte
-	err := s.pool.QueryRow(ctx, `SELECT object FROM job_completions WHERE namespace = $1 AND provider = $2 AND job_id = $3
-		ORDER BY version DESC LIMIT 1`, namespace, provider, jobID).Scan(&raw)
+	err := s.pool.QueryRow(ctx, `SELECT job_completion_object(t) FROM job_completions t WHERE namespace = $1 AND provider = $2
+		AND job_id = $3 ORDER BY version DESC LIMIT 1`, namespace, provider, jobID).Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

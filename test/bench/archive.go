@@ -705,12 +705,12 @@ func postgresVersion(ctx context.Context, url string) string {
 
 // pgSizes is what the archive's tables hold.
 type pgSizes struct {
-	rows                      [3]int64
-	total, table, index       [3]int64
-	database                  int64
-	meanObject, meanRow       [3]float64
-	objectTotal, rowTotal     [3]int64
-	conditionsTotal, opsTotal int64
+	rows                  [3]int64
+	total, table, index   [3]int64
+	database              int64
+	meanObject, meanRow   [3]float64
+	objectTotal, rowTotal [3]int64
+	opsTotal              int64
 }
 
 func readPGSizes(ctx context.Context, db *pgx.Conn, detail bool) (pgSizes, error) {
@@ -722,7 +722,8 @@ func readPGSizes(ctx context.Context, db *pgx.Conn, detail bool) (pgSizes, error
 			return s, fmt.Errorf("size of %s: %w", tbl, err)
 		}
 		if detail && s.rows[i] > 0 {
-			if err := db.QueryRow(ctx, `SELECT sum(pg_column_size(object)), sum(pg_column_size(t.*)) FROM `+tbl+` t`).
+			// Receipts written since migration 0002 store no object (NULL).
+			if err := db.QueryRow(ctx, `SELECT coalesce(sum(pg_column_size(object)), 0), sum(pg_column_size(t.*)) FROM `+tbl+` t`).
 				Scan(&s.objectTotal[i], &s.rowTotal[i]); err != nil {
 				return s, fmt.Errorf("column sizes of %s: %w", tbl, err)
 			}
@@ -731,10 +732,10 @@ func readPGSizes(ctx context.Context, db *pgx.Conn, detail bool) (pgSizes, error
 		}
 	}
 	if detail {
-		if err := db.QueryRow(ctx, `SELECT coalesce(sum(pg_column_size(conditions)), 0) FROM settlements`).Scan(&s.conditionsTotal); err != nil {
-			return s, err
-		}
-		if err := db.QueryRow(ctx, `SELECT coalesce(sum(pg_column_size(operations)), 0) FROM event_receipts`).Scan(&s.opsTotal); err != nil {
+		// Since migration 0002 no column repeats the object: settlements' and job
+		// completions' conditions columns are gone, and a receipt's operations are its
+		// record. Only receipts of 0001's form repeat them (their object holds them too).
+		if err := db.QueryRow(ctx, `SELECT coalesce(sum(pg_column_size(operations)) FILTER (WHERE object IS NOT NULL), 0) FROM event_receipts`).Scan(&s.opsTotal); err != nil {
 			return s, err
 		}
 	}
@@ -1063,7 +1064,7 @@ func (a *ArchivePhase) postgresDetail(ctx context.Context, db *pgx.Conn) error {
 	if s.rows[arcEvent] > 0 {
 		pg.BytesPerArchivedEvent = round(float64(total)/float64(s.rows[arcEvent]), 0)
 		pg.ObjectBytesPerEvent = round(float64(s.objectTotal[0]+s.objectTotal[1]+s.objectTotal[2])/float64(s.rows[arcEvent]), 0)
-		pg.DuplicatedJSONBytesPerEvent = round(float64(s.conditionsTotal+s.opsTotal)/float64(s.rows[arcEvent]), 0)
+		pg.DuplicatedJSONBytesPerEvent = round(float64(s.opsTotal)/float64(s.rows[arcEvent]), 0)
 	}
 	// How the object column is stored: TOAST compresses a row's large values (pglz)
 	// once the row passes ~2 KB, which these rows mostly do.
@@ -1072,7 +1073,7 @@ func (a *ArchivePhase) postgresDetail(ctx context.Context, db *pgx.Conn) error {
 		for _, tbl := range arcTables {
 			var t, c, n int64
 			if err := db.QueryRow(ctx, `SELECT coalesce(sum(octet_length(object::text)), 0),
-				count(*) FILTER (WHERE pg_column_compression(object) IS NOT NULL), count(*) FROM `+tbl).Scan(&t, &c, &n); err != nil {
+				count(*) FILTER (WHERE pg_column_compression(object) IS NOT NULL), count(object) FROM `+tbl).Scan(&t, &c, &n); err != nil {
 				return fmt.Errorf("object column of %s: %w", tbl, err)
 			}
 			text, compressed, rows = text+t, compressed+c, rows+n

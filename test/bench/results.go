@@ -470,13 +470,14 @@ type ArchivePostgres struct {
 	// growth from the idle sample ÷ the events archived since.
 	BytesPerArchivedEvent  float64 `json:"bytesPerArchivedEvent"`
 	DatabaseGrowthPerEvent float64 `json:"databaseGrowthPerEvent"`
-	// ObjectBytesPerEvent is the three rows' object column (the whole record as JSONB,
-	// stored compressed when large); DuplicatedJSONBytesPerEvent the conditions and
-	// operations columns, which repeat what the object column holds.
+	// ObjectBytesPerEvent is the rows' object column (a job completion's or a
+	// settlement's record as JSONB, stored compressed when its row is large; receipts
+	// store none since migration 0002); DuplicatedJSONBytesPerEvent the columns that
+	// repeat what an object column holds (since 0002 only receipts of 0001's form).
 	ObjectBytesPerEvent         float64 `json:"objectBytesPerEvent"`
 	DuplicatedJSONBytesPerEvent float64 `json:"duplicatedJSONBytesPerEvent"`
 	// ObjectTextBytesPerEvent is the same objects as JSON text; CompressedObjectShare
-	// the share of rows whose object PostgreSQL stores compressed (TOAST, pglz).
+	// the share of stored objects PostgreSQL keeps compressed (TOAST, pglz).
 	ObjectTextBytesPerEvent float64 `json:"objectTextBytesPerEvent"`
 	CompressedObjectShare   float64 `json:"compressedObjectShare"`
 }
