@@ -233,6 +233,8 @@ var _ = Describe("the failure matrix (docs/design.md §9)", func() {
 		// v1 reports other usage than v2 did: its settlement operation is superseded
 		// too (the charge follows the newest report), so the event still completes.
 		Eventually(eventPhase(ns, "msg_v1")).Should(Equal(hooksv1alpha1.EventComplete))
+		// v2's charge settles on its own time: v1's event completing does not wait for it.
+		Eventually(settlementState(ns, "job-ooo")).Should(Equal(hooksv1alpha1.SettlementSettled))
 		Expect(billing.Charges(key(ns, "job-ooo"))).To(Equal(1))
 		jc := jobOf(ns, "job-ooo")
 		Expect(jc.Spec.Completion.Version).To(Equal(int64(2)))

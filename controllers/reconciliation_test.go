@@ -223,14 +223,16 @@ var _ = Describe("reconciliation reports (docs/design.md §7)", func() {
 var _ = Describe("retention (docs/design.md §8)", func() {
 	It("deletes complete events after the provider's retention and never touches records", func() {
 		ns := newTenant(func(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
+			// Longer than the suite's 10s re-check of a Ready WebhookProvider, which is
+			// when it shows the next sweep.
 			wp.Spec.Retention = &hooksv1alpha1.RetentionSpec{
-				Events: &metav1.Duration{Duration: 3 * time.Second}, ProviderRetryWindow: &metav1.Duration{Duration: time.Second}}
+				Events: &metav1.Duration{Duration: 15 * time.Second}, ProviderRetryWindow: &metav1.Duration{Duration: time.Second}}
 		})
 		sendOK(ns, "msg_old", jobEvent("job-old", 1, 1))
 		Eventually(eventPhase(ns, "msg_old")).Should(Equal(hooksv1alpha1.EventComplete))
 		ev := event(ns, "msg_old")
 		Expect(ev.Status.DeleteAfter).NotTo(BeNil())
-		Expect(ev.Status.DeleteAfter.Time).To(BeTemporally("~", ev.Spec.ReceivedAt.Add(3*time.Second), time.Second))
+		Expect(ev.Status.DeleteAfter.Time).To(BeTemporally("~", ev.Spec.ReceivedAt.Add(15*time.Second), time.Second))
 		Eventually(func() *metav1.Time {
 			wp := &hooksv1alpha1.WebhookProvider{}
 			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "inference"}, wp)).To(Succeed())

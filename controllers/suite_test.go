@@ -121,8 +121,10 @@ func startManager(opts ...managerOptions) *runningManager {
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	Expect((&controllers.WebhookProviderReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader()}).
-		SetupWithManager(m)).To(Succeed())
+	// A Ready provider is re-checked every 10s here (1m in production), one waiting for
+	// its Secret every 1s (5s): webhookprovider_test.go tells the two apart.
+	Expect((&controllers.WebhookProviderReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
+		SecretRecheckInterval: 10 * time.Second, SecretWaitInterval: time.Second}).SetupWithManager(m)).To(Succeed())
 	Expect((&controllers.WebhookEventReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("webhookevent"), Archive: o.store}).SetupWithManager(m)).To(Succeed())
 	// Secrets are not watched: a fixed opt-in is seen at the next recheck, 1s here.

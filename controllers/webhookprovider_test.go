@@ -14,8 +14,8 @@ import (
 	"github.com/settlement-operator/settlement-operator/test/fixtures"
 )
 
-// The suite runs the WebhookProvider controller with its production recheck interval
-// (a minute for a Ready provider), so these specs see what a user sees.
+// The suite re-checks a Ready WebhookProvider every 10s and one waiting for its Secret
+// every 1s (1m and 5s in production), so "within seconds" here is well under 10s.
 var _ = Describe("a WebhookProvider's references (issue 13)", func() {
 	It("says which BillingProvider its routes name that does not exist, and is Ready once it does", func() {
 		ns := fmt.Sprintf("ops-%d", nsCounter.Add(1))
@@ -34,11 +34,11 @@ var _ = Describe("a WebhookProvider's references (issue 13)", func() {
 
 		By("creating the BillingProvider makes it Ready without waiting for a periodic recheck")
 		Expect(k8s.Create(ctx, bp)).To(Succeed())
-		Eventually(readyOf(ns, wp)).WithTimeout(15 * time.Second).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(readyOf(ns, wp)).WithTimeout(5 * time.Second).Should(HaveField("Status", metav1.ConditionTrue))
 
 		By("deleting it again is noticed the same way")
 		Expect(k8s.Delete(ctx, bp)).To(Succeed())
-		Eventually(readyOf(ns, wp)).WithTimeout(15 * time.Second).Should(
+		Eventually(readyOf(ns, wp)).WithTimeout(5 * time.Second).Should(
 			HaveField("Reason", hooksv1alpha1.ReasonBillingProviderNotFound))
 	})
 
@@ -56,7 +56,7 @@ var _ = Describe("a WebhookProvider's references (issue 13)", func() {
 		}
 		// Secrets are not watched (the operator may only get them): a provider that
 		// waits for one looks again every few seconds, not once a minute.
-		Eventually(readyOf(ns, wp)).WithTimeout(15 * time.Second).Should(HaveField("Status", metav1.ConditionTrue))
+		Eventually(readyOf(ns, wp)).WithTimeout(5 * time.Second).Should(HaveField("Status", metav1.ConditionTrue))
 		var got hooksv1alpha1.WebhookProvider
 		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(wp), &got)).To(Succeed())
 		Expect(got.Status.SecretKeys).To(BeNumerically(">", 0))

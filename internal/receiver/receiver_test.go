@@ -395,6 +395,12 @@ var _ = Describe("the receiver", func() {
 
 	Describe("the provider's status", func() {
 		It("is Ready with its endpoint when the secret is usable, and says why not otherwise", func() {
+			// Its routes charge through BillingProvider "billing": Ready needs it to exist.
+			Expect(k8s.Create(ctx, &hooksv1alpha1.BillingProvider{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing"},
+				Spec: hooksv1alpha1.BillingProviderSpec{Endpoint: "https://billing.example.com",
+					CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "billing-token"}},
+			})).To(Succeed())
 			Eventually(func(g Gomega) {
 				p := &hooksv1alpha1.WebhookProvider{}
 				g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "inference"}, p)).To(Succeed())

@@ -40,6 +40,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/signature"
 	"github.com/settlement-operator/settlement-operator/test/fakebilling"
+	"github.com/settlement-operator/settlement-operator/test/fixtures"
 	"github.com/settlement-operator/settlement-operator/test/sender"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
@@ -382,7 +383,8 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(billing.Close)
 		billing.RejectNext(1, http.StatusBadRequest, "invalid_request")
-		Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing-api-token"},
+		Expect(k8s.Create(ctx, &corev1.Secret{
+			ObjectMeta: fixtures.CredentialMeta(ns, "billing-api-token", hooksv1alpha1.CredentialForBilling, billing.URL()),
 			StringData: map[string]string{"token": "finance-token"}})).To(Succeed())
 		Expect(k8s.Create(ctx, &hooksv1alpha1.BillingProvider{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing"},
