@@ -493,6 +493,16 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 			"-p", `{"status":{"appliedVersion":9}}`)
 		refused(nsAdmin, whyDelete, "delete", "-n", ns, "jobcompletion", jc)
 		kubectl(nsAdmin, "annotate", "-n", ns, "jobcompletion", jc, hooksv1alpha1.AnnotationReconcileRequest+"=by-hand-1")
+		// And for a WebhookEvent, the receipt behind a 2xx: deleting it before dispatch,
+		// or writing its phase, would lose a charge the sender never redelivers.
+		evSample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_webhookevent.yaml")
+		kubectl(adminKC, "apply", "--server-side", "-n", ns, "-f", evSample)
+		ev := decodeAll(string(must(os.ReadFile(evSample))))[0].GetName()
+		refused(nsAdmin, whyDelete, "delete", "-n", ns, "webhookevent", ev)
+		refused(nsAdmin, whyStatus, "patch", "-n", ns, "webhookevent", ev, "--subresource=status", "--type=merge",
+			"-p", `{"status":{"phase":"Ignored"}}`)
+		refused(nsAdmin, whyFinalizer, "patch", "-n", ns, "webhookevent", ev, "--type=merge",
+			"-p", `{"metadata":{"finalizers":["example.com/hold"]}}`)
 		// Not even a cluster admin gives a record an owner: the garbage collector would
 		// delete it.
 		other := decodeAll(string(must(os.ReadFile(jcSample))))[0]
