@@ -105,7 +105,8 @@ func CredentialRefusal(labels, annotations map[string]string, use, destination s
 	}
 	target, ok := parseDestination(destination)
 	if !ok {
-		return "the destination is not an absolute http(s) URL without user info, query or fragment"
+		return "the destination is not an absolute http(s) URL with a plain path (no user info, query, fragment, " +
+			`"..", ";", "\" or encoded "/", "\" or ".")`
 	}
 	for _, raw := range strings.FieldsFunc(listed, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' || r == '\n' }) {
 		if prefix, ok := parseDestination(raw); ok && destinationWithin(target, prefix) {
@@ -140,8 +141,19 @@ func parseDestination(raw string) (destination, bool) {
 	default:
 		return destination{}, false
 	}
-	// Cleaned so that "/v1/../other" cannot pass for a path below "/v1".
+	// A path that servers may read differently than we do is refused, not interpreted:
+	// "..", "." and "//" segments, ";" (path parameters: Tomcat and Spring drop
+	// "/..;/"), a backslash (IIS reads it as "/") and an encoded "/", backslash or ".". What is left
+	// compares the same way everywhere.
+	escaped := strings.ToLower(u.EscapedPath())
+	if strings.ContainsAny(u.Path, ";\\") || strings.Contains(escaped, "%2f") || strings.Contains(escaped, "%5c") ||
+		strings.Contains(escaped, "%2e") {
+		return destination{}, false
+	}
 	d.path = strings.TrimRight(path.Clean("/"+u.Path), "/")
+	if written := strings.TrimRight("/"+strings.TrimPrefix(u.Path, "/"), "/"); written != d.path {
+		return destination{}, false
+	}
 	return d, true
 }
 
