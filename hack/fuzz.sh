@@ -46,7 +46,8 @@ stop_leftovers() {
   local dir="$1" pids=() f pid
   for f in /proc/[0-9]*/cmdline; do
     pid="${f#/proc/}"; pid="${pid%/cmdline}"
-    if tr '\0' ' ' <"$f" 2>/dev/null | grep -qF -- "$dir"; then pids+=("$pid"); fi
+    # A process may end between the glob and the read: that is not an error.
+    if { tr '\0' ' ' <"$f"; } 2>/dev/null | grep -qF -- "$dir"; then pids+=("$pid"); fi
   done
   if [ ${#pids[@]} -gt 0 ]; then
     echo "  stopping ${#pids[@]} control-plane process(es) a fuzzing worker left behind"
