@@ -453,12 +453,22 @@ send 200 msg_job-2001_v1 job-2001 1 failed 2048 cus_acme
 note "msg_job-2001_v1's operations: $(k get whe -n "$ns" "$last_event" \
   -o jsonpath='{range .status.operations[*]}{.type}={.outcome}  {end}')(the job stays at v2)"
 
-step "5. the billing provider charges job-4001 but its reply is lost (held until the client times out)"
+step "5. job-5001 failed: it completes, but the sample charges only succeeded jobs (its settlement's when)"
+send 200 msg_job-5001_v1 job-5001 1 failed 900 cus_initech
+"$bin/demo" settle -kubeconfig "$kubeconfig" -namespace "$ns" -timeout 60s | sed 's/^/    /'
+note "msg_job-5001_v1's operations: $(k get whe -n "$ns" "$last_event" \
+  -o jsonpath='{range .status.operations[*]}{.type}={.outcome}  {end}')(no BillingSettlement)"
+if [ -n "$(k get whe -n "$ns" "$last_event" -o jsonpath='{.spec.settlements}')" ]; then
+  note "^ expected no settlement for a failed job"
+  failures=$((failures + 1))
+fi
+
+step "6. the billing provider charges job-4001 but its reply is lost (held until the client times out)"
 fault '{"commit_then_timeout_next":1}'
 send 200 msg_job-4001_v1 job-4001 1 succeeded 512 cus_globex
 "$bin/demo" settle -kubeconfig "$kubeconfig" -namespace "$ns" -timeout 60s | sed 's/^/    /'
 
-step "6. the billing provider goes down for ${outage}s; deliveries are still accepted"
+step "7. the billing provider goes down for ${outage}s; deliveries are still accepted"
 fault "{\"down_for_ms\":$((outage * 1000))}"
 send 200 msg_job-3001_v1 job-3001 1 succeeded 300 cus_acme
 send 200 msg_job-3002_v1 job-3002 1 succeeded 1200 cus_globex
@@ -467,13 +477,13 @@ sleep 3
 note "3s into the outage, the settlements that are not Settled yet:"
 k get billingsettlements -n "$ns" | awk 'NR == 1 || !/Settled/' | sed 's/^/    /'
 
-step "7. waiting until every event, job and settlement has reached a final or explicit state"
+step "8. waiting until every event, job and settlement has reached a final or explicit state"
 "$bin/demo" settle -kubeconfig "$kubeconfig" -namespace "$ns" -timeout $((outage + 60))s | sed 's/^/    /' ||
   failures=$((failures + 1))
 
-step "8. kubectl get whe,jc,bs,rr -o wide"
+step "9. kubectl get whe,jc,bs,rr -o wide"
 k get whe,jc,bs,rr -n "$ns" -o wide
-n=9
+n=10
 
 if [ -n "$archive" ]; then
   step "$n. the archive: Settled settlements leave the cluster once a pass confirmed them and --archive-after=$archive_after passed"

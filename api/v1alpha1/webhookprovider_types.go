@@ -284,6 +284,38 @@ type RouteOperation struct {
 	// settlement maps the payload to a billing settlement.
 	// +optional
 	Settlement *SettlementMapping `json:"settlement,omitempty"`
+	// when is a CEL expression that decides, per delivery (per item with forEach),
+	// whether this operation is done. When it is false the operation is not produced
+	// and the event keeps its other operations: a failed job is completed but not
+	// charged. Unset: always.
+	//
+	// Expression environment (CEL):
+	// - payload: the JSON body, a map (numbers are int when integral, else double).
+	// - item: the current item, for a forEach operation only.
+	// - jobState(string) -> string: a job state normalised as the JobCompletion state
+	// field reads it: "success", "completed", "Succeeded" give "Succeeded"; "error",
+	// "failure", "Failed" give "Failed"; "canceled", "Cancelled" give "Cancelled"; any
+	// other value is an evaluation error.
+	//
+	// The expression must have type bool (compare a field explicitly, e.g.
+	// payload.data.charge == true). It is compiled when the provider is reconciled: an
+	// invalid one makes the provider Ready=False (InvalidSpec) with the compiler's
+	// message, and its deliveries are answered 503 until it is fixed. The conditions of
+	// one delivery may cost at most 1,000,000 CEL cost units together: enough to look
+	// through thousands of items, not for work that grows with the square of the
+	// payload. A delivery that
+	// cannot be evaluated (a missing key, a wrong type, an unknown state, the cost
+	// limit) is answered 400 naming this field, unless it is a redelivery of an event
+	// already stored (then "duplicate", as always).
+	//
+	// Examples:
+	// - jobState(payload.data.state) == "Succeeded"
+	// - item.amount_cents > 0
+	// - has(payload.data.usage) && payload.data.usage.tokens > 0
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	When string `json:"when,omitempty"`
 }
 
 // Route maps one event type to the operations it causes.
@@ -300,6 +332,37 @@ type Route struct {
 	// +kubebuilder:validation:MaxItems=8
 	// +listType=atomic
 	Operations []RouteOperation `json:"operations"`
+	// when is a CEL expression that decides, per delivery, whether this route applies.
+	// When it is false the event is handled like an event type with no route: answered
+	// 200 "ignored" and not stored, unless storeUnroutedEvents is set. Unset: always.
+	// To complete every job but charge only succeeded ones, put the condition on the
+	// BillingSettlement operation instead.
+	//
+	// Expression environment (CEL):
+	// - payload: the JSON body, a map (numbers are int when integral, else double).
+	// - jobState(string) -> string: a job state normalised as the JobCompletion state
+	// field reads it: "success", "completed", "Succeeded" give "Succeeded"; "error",
+	// "failure", "Failed" give "Failed"; "canceled", "Cancelled" give "Cancelled"; any
+	// other value is an evaluation error.
+	//
+	// The expression must have type bool (compare a field explicitly, e.g.
+	// payload.data.charge == true). It is compiled when the provider is reconciled: an
+	// invalid one makes the provider Ready=False (InvalidSpec) with the compiler's
+	// message, and its deliveries are answered 503 until it is fixed. The conditions of
+	// one delivery may cost at most 1,000,000 CEL cost units together: enough to look
+	// through thousands of items, not for work that grows with the square of the
+	// payload. A delivery that
+	// cannot be evaluated (a missing key, a wrong type, an unknown state, the cost
+	// limit) is answered 400 naming this field, unless it is a redelivery of an event
+	// already stored (then "duplicate", as always).
+	//
+	// Examples:
+	// - payload.data.environment == "production"
+	// - jobState(payload.data.state) != "Cancelled"
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	When string `json:"when,omitempty"`
 }
 
 // RawPayloadStorage opts in to keeping the raw payload on the WebhookEvent.

@@ -57,11 +57,18 @@ type Extractor struct {
 	sequence      *payload.Path
 	hashFields    []payload.Path
 	storeUnrouted bool
-	routes        map[string][]operation
+	routes        map[string]route
+}
+
+// route is a compiled Route: its condition (nil: always) and its operations.
+type route struct {
+	when *condition
+	ops  []operation
 }
 
 type operation struct {
 	typ     hooksv1alpha1.OperationType
+	when    *condition
 	forEach *payload.Path
 	job     *jobMapping
 	stl     *settlementMapping
@@ -109,7 +116,7 @@ func Compile(namespace, providerName string, spec *hooksv1alpha1.WebhookProvider
 		typePath:      c.optional("spec.eventType.jsonPath", spec.EventType.JSONPath),
 		sequence:      c.optional("spec.sequence", spec.Sequence),
 		storeUnrouted: spec.StoreUnroutedEvents,
-		routes:        map[string][]operation{},
+		routes:        map[string]route{},
 	}
 	for i, p := range spec.EventID.DerivedFrom {
 		x.derivedFrom = append(x.derivedFrom, c.required(fmt.Sprintf("spec.eventID.derivedFrom[%d]", i), p))
@@ -128,10 +135,11 @@ func Compile(namespace, providerName string, spec *hooksv1alpha1.WebhookProvider
 		if _, dup := x.routes[r.EventType]; dup {
 			c.fail("spec.routes[%d]: event type %q has two routes", ri, r.EventType)
 		}
-		var ops []operation
+		rt := route{when: c.when(fmt.Sprintf("spec.routes[%d].when", ri), r.When, false)}
 		for oi, o := range r.Operations {
 			at := fmt.Sprintf("spec.routes[%d].operations[%d]", ri, oi)
 			op := operation{typ: o.Type, forEach: c.optional(at+".forEach", o.ForEach)}
+			op.when = c.when(at+".when", o.When, o.ForEach != "")
 			switch o.Type {
 			case hooksv1alpha1.OperationJobCompletion:
 				if o.JobCompletion == nil {
@@ -180,9 +188,9 @@ func Compile(namespace, providerName string, spec *hooksv1alpha1.WebhookProvider
 			default:
 				c.fail("%s: unknown operation type %q", at, o.Type)
 			}
-			ops = append(ops, op)
+			rt.ops = append(rt.ops, op)
 		}
-		x.routes[r.EventType] = ops
+		x.routes[r.EventType] = rt
 	}
 	if c.err != nil {
 		return nil, c.err
@@ -242,12 +250,22 @@ type Event struct {
 	Type        string
 	Sequence    *int64
 	PayloadHash string
-	// Routed is false when no route matches the type.
+	// Routed is false when no route matches the type, or when the route's `when`
+	// condition is false for this payload (then Conditional is true).
 	Routed bool
+	// Conditional is true when a route matches the type but its `when` is false.
+	Conditional bool
 	// Store is false for an unrouted event the provider does not want stored.
 	Store          bool
 	JobCompletions []hooksv1alpha1.JobCompletionFacts
 	Settlements    []hooksv1alpha1.SettlementFacts
+
+	// routeErr is the route's `when` failing to evaluate. Identify keeps it for Facts
+	// rather than returning it, so that the receiver answers a redelivery of a stored
+	// event as a duplicate before it answers 400 for this payload.
+	routeErr error
+	// whenCost is what the route's `when` cost, counted against the delivery's limit.
+	whenCost uint64
 }
 
 // Identify reads the event ID, type and canonical hash: everything needed to answer a
@@ -281,8 +299,20 @@ func (x *Extractor) Identify(h http.Header, body []byte, doc any) (*Event, error
 	if ev.PayloadHash, err = x.hash(body, doc); err != nil {
 		return nil, err
 	}
-	ops, routed := x.routes[ev.Type]
-	ev.Routed = routed && len(ops) > 0
+	rt, routed := x.routes[ev.Type]
+	ev.Routed = routed && len(rt.ops) > 0
+	if ev.Routed && rt.when != nil {
+		// A false condition makes the event unrouted: answered "ignored", stored only
+		// with storeUnroutedEvents. An evaluation error keeps it routed, so it reaches
+		// the duplicate check before Facts reports the error.
+		holds, err := rt.when.holds(doc, nil, &ev.whenCost)
+		switch {
+		case err != nil:
+			ev.routeErr = err
+		case !holds:
+			ev.Routed, ev.Conditional = false, true
+		}
+	}
 	ev.Store = ev.Routed || x.storeUnrouted
 	return ev, nil
 }
@@ -362,9 +392,16 @@ func (x *Extractor) hash(body []byte, doc any) (string, error) {
 // Two settlements of one event under the same key are refused (ErrInvalidEvent):
 // they would silently become one charge. The error names the operations, items and
 // key fields involved, and the key, never the payload.
+//
+// An operation whose `when` is false is not produced (for a forEach operation: for
+// that item); one that cannot be evaluated is an ErrInvalidEvent naming its field.
 func (x *Extractor) Facts(ev *Event, doc any) error {
+	if ev.routeErr != nil {
+		return ev.routeErr
+	}
 	origins := map[string]keyOrigin{}
-	for oi, op := range x.routes[ev.Type] {
+	spent := ev.whenCost
+	for oi, op := range x.routes[ev.Type].ops {
 		items := []any{nil}
 		if op.forEach != nil {
 			list, found, err := op.forEach.LookupList(doc, nil)
@@ -377,6 +414,18 @@ func (x *Extractor) Facts(ev *Event, doc any) error {
 			items = list
 		}
 		for ii, item := range items {
+			if op.when != nil {
+				holds, err := op.when.holds(doc, item, &spent)
+				if err != nil && op.forEach != nil {
+					return fmt.Errorf("%w (item %d of %s)", err, ii, op.forEach)
+				}
+				if err != nil {
+					return err
+				}
+				if !holds {
+					continue
+				}
+			}
 			switch {
 			case op.job != nil:
 				f, err := x.jobFacts(op.job, ev, doc, item)

@@ -401,7 +401,11 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	}
 	eventName := identity.EventName(ns, name, ev.ID)
 	if !ev.Store {
-		return answer{code: http.StatusOK, outcome: OutcomeIgnored, message: "no route for this event type"}
+		msg := "no route for this event type"
+		if ev.Conditional {
+			msg = "the route for this event type does not apply to it (its when condition is false)"
+		}
+		return answer{code: http.StatusOK, outcome: OutcomeIgnored, message: msg}
 	}
 
 	// 8. A duplicate is answered from a cached read, with no write at all.
@@ -422,8 +426,9 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	if ev.Routed {
 		if err := c.x.Facts(ev, doc); err != nil {
 			// The same delivery may have been stored before its facts became
-			// unreadable (the route changed) or before our cache saw it: a redelivery
-			// of a stored event is still a duplicate, never a 400.
+			// unreadable (the route or its when condition changed) or before our
+			// cache saw it: a redelivery of a stored event is still a duplicate, never
+			// a 400.
 			if gerr := r.live.Get(apiCtx, types.NamespacedName{Namespace: ns, Name: eventName}, &existing); gerr == nil {
 				return r.compare(ctx, &provider, &existing, ev)
 			}

@@ -403,6 +403,29 @@ var _ = Describe("WebhookProvider validation", func() {
 		Expect(err.Error()).To(ContainSubstring("set keyFrom, or jobID"))
 	})
 
+	It("accepts route and operation conditions up to 1024 characters, and refuses longer or empty ones", func() {
+		withWhen := func(name, routeWhen, opWhen string) *hooksv1alpha1.WebhookProvider {
+			p := sampleProvider(ns, name)
+			p.Spec.Routes = []hooksv1alpha1.Route{{
+				EventType: "job.completed", When: routeWhen,
+				Operations: []hooksv1alpha1.RouteOperation{{
+					Type: hooksv1alpha1.OperationJobCompletion, When: opWhen,
+					JobCompletion: &hooksv1alpha1.JobCompletionMapping{JobID: ".id"},
+				}},
+			}}
+			return p
+		}
+		// A valid expression padded to the limit: the API server only bounds the
+		// length; the expression is compiled in the provider's Ready condition.
+		long := `payload.type == "` + strings.Repeat("x", 1024-len(`payload.type == ""`)) + `"`
+		Expect(long).To(HaveLen(1024))
+		Expect(k8s.Create(ctx, withWhen("when-ok", long, `jobState(payload.state) == "Succeeded"`))).To(Succeed())
+		expectInvalid(k8s.Create(ctx, withWhen("when-long", long+" ", "")), "spec.routes[0].when: Too long")
+		expectInvalid(k8s.Create(ctx, withWhen("when-op-long", "", long+" ")), "spec.routes[0].operations[0].when: Too long")
+		err := k8s.Create(ctx, withWhen("when-empty", "", ""))
+		Expect(err).NotTo(HaveOccurred(), "an unset condition is omitted, not empty")
+	})
+
 	It("limits names to what fits a label value", func() {
 		p := sampleProvider(ns, strings.Repeat("p", 64))
 		expectInvalid(k8s.Create(ctx, p), "limited to 63 characters")
@@ -570,6 +593,20 @@ var _ = Describe("what an operator sees", func() {
 		out, errOut, err = runKubectl("explain", "webhookprovider.spec.signature.secretRef")
 		Expect(err).NotTo(HaveOccurred(), errOut)
 		Expect(out).To(ContainSubstring("rotated"))
+
+		// The expression environment of route conditions (issue 13).
+		for _, field := range []string{"webhookprovider.spec.routes.when", "webhookprovider.spec.routes.operations.when"} {
+			out, errOut, err = runKubectl("explain", field)
+			Expect(err).NotTo(HaveOccurred(), errOut)
+			// kubectl wraps the text itself: compare with the line breaks as spaces.
+			text := strings.Join(strings.Fields(out), " ")
+			for _, want := range []string{"- payload:", "jobState(string) -> string", "1,000,000 CEL cost units",
+				"must have type bool", "Ready=False (InvalidSpec)", "answered 400", "Examples:"} {
+				Expect(text).To(ContainSubstring(want), field)
+			}
+		}
+		Expect(out).To(ContainSubstring("- item:"))
+		Expect(out).To(ContainSubstring(`jobState(payload.data.state) == "Succeeded"`))
 	})
 
 	It("never breaks a sentence of `kubectl explain` in the middle of its line", func() {
