@@ -224,15 +224,18 @@ func main() {
 		log.Error(err, "unable to set up controller", "controller", controllers.JobCompletionControllerName)
 		os.Exit(1)
 	}
+	// What the settlements' calls learn about each billing provider, shown on it.
+	health := controllers.NewProviderHealth()
 	if err := (&controllers.BillingSettlementReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: workers, Archive: store,
 		Recorder: mgr.GetEventRecorder(controllers.BillingSettlementControllerName), TransitionEvents: transitionEvents,
+		Health: health,
 	}).SetupWithManager(mgr); err != nil {
 		log.Error(err, "unable to set up controller", "controller", controllers.BillingSettlementControllerName)
 		os.Exit(1)
 	}
 	if err := (&controllers.BillingProviderReconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Archive: store,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Archive: store, Health: health,
 		Recorder: mgr.GetEventRecorder(controllers.BillingProviderControllerName),
 	}).SetupWithManager(mgr); err != nil {
 		log.Error(err, "unable to set up controller", "controller", controllers.BillingProviderControllerName)

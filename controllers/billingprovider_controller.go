@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
@@ -62,6 +63,9 @@ type BillingProviderReconciler struct {
 	// CredentialRecheckInterval is how soon missing or refused credentials are looked
 	// at again (1m): Secrets are not watched, so this is how a fix is noticed.
 	CredentialRecheckInterval time.Duration
+	// Health, shared with the settlement controller, tells how the latest calls to
+	// each provider went (the ProviderHealthy condition); nil leaves it out.
+	Health *ProviderHealth
 
 	clients providerClients
 }
@@ -143,6 +147,8 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 	}
 	setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
 		hooksv1alpha1.ReasonValid, "credentials found and allowed for this endpoint; settlements are sent to "+bp.Spec.Endpoint)
+	// Deferred: the pass below calls the provider too, and its outcome belongs in this write.
+	defer r.applyHealth(bp)
 
 	policy := reconciliationPolicyOf(bp)
 	now := r.now()
@@ -171,6 +177,20 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 	return ctrl.Result{RequeueAfter: policy.interval}, nil
 }
 
+// applyHealth writes the ProviderHealthy condition from the latest calls and, while
+// the provider refuses the credentials or cannot be reached, makes Ready say so.
+func (r *BillingProviderReconciler) applyHealth(bp *hooksv1alpha1.BillingProvider) {
+	status, reason, message, ok := r.Health.condition(bp.UID)
+	if !ok {
+		return
+	}
+	setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionProviderHealthy, status, reason, truncateMessage(message))
+	if status == metav1.ConditionFalse {
+		setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+			reason, truncateMessage(message+"; settlements keep retrying with the same keys"))
+	}
+}
+
 type reconciliationPolicy struct {
 	interval, stuckAfter, eventStaleAfter time.Duration
 	keep                                  int
@@ -191,7 +211,7 @@ func reconciliationPolicyOf(bp *hooksv1alpha1.BillingProvider) reconciliationPol
 }
 
 func (r *BillingProviderReconciler) clientFor(ctx context.Context, bp *hooksv1alpha1.BillingProvider) (billing.Client, error) {
-	return r.clients.get(ctx, r.APIReader, r.NewClient, bp)
+	return r.clients.get(ctx, r.APIReader, r.NewClient, bp, r.Health)
 }
 
 // ReportName is a pass's report name: the provider's name and the pass's UTC time,
@@ -251,6 +271,7 @@ func (r *BillingProviderReconciler) reconcileDelete(ctx context.Context, bp *hoo
 		if err := r.Patch(ctx, bp, patch); err != nil && !apierrors.IsNotFound(err) {
 			return ctrl.Result{}, fmt.Errorf("remove finalizer of billingprovider %s/%s: %w", bp.Namespace, bp.Name, err)
 		}
+		r.Health.forget(bp.UID)
 		ctrl.LoggerFrom(ctx).Info("no settlement holds the billing provider any more; deletion goes ahead")
 		return ctrl.Result{}, nil
 	}
@@ -336,7 +357,7 @@ func (r *BillingProviderReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}); err != nil {
 		return fmt.Errorf("index billingsettlements by billingProviderRef: %w", err)
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named(BillingProviderControllerName).
 		For(&hooksv1alpha1.BillingProvider{}, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{},
@@ -344,8 +365,11 @@ func (r *BillingProviderReconciler) SetupWithManager(mgr ctrl.Manager) error {
 				return e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
 			}}))).
 		Watches(&hooksv1alpha1.BillingSettlement{}, handler.EnqueueRequestsFromMapFunc(r.deletingProviderOf),
-			builder.WithPredicates(holdChanged())).
-		Complete(r)
+			builder.WithPredicates(holdChanged()))
+	if r.Health != nil { // a provider whose calls changed health writes it at once
+		b = b.WatchesRawSource(source.Channel(r.Health.Changes(), &handler.EnqueueRequestForObject{}))
+	}
+	return b.Complete(r)
 }
 
 // deletingProviderOf maps a settlement to its BillingProvider, only while that

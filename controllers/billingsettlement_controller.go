@@ -76,6 +76,9 @@ type BillingSettlementReconciler struct {
 	// (warnings, dead letters, replays), and two routine Events per charge were a fifth
 	// of the API writes and most of the etcd bytes per event (docs/decisions.md).
 	TransitionEvents bool
+	// Health, shared with the BillingProvider controller, learns from every provider
+	// call how the provider is doing (its ProviderHealthy condition); nil leaves it out.
+	Health *ProviderHealth
 	// CredentialRecheckInterval is how soon a settlement whose provider's Secret is
 	// refused (CredentialsNotAllowed) looks again (30s): Secrets are not watched.
 	CredentialRecheckInterval time.Duration

@@ -263,7 +263,7 @@ func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *se
 		return ctrl.Result{}, fmt.Errorf("get billingprovider %s: %w", bs.Spec.BillingProviderRef, err)
 	}
 	s.provider, s.policy, s.target = &bp, policyOf(&bp), targetOf(&bp)
-	c, err := r.clients.get(ctx, r.APIReader, r.NewClient, &bp)
+	c, err := r.clients.get(ctx, r.APIReader, r.NewClient, &bp, r.Health)
 	if err != nil {
 		// A wait, never a failure: nothing was sent, and a settlement that may already
 		// hold money keeps its exposure until the credentials are usable again.

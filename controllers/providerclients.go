@@ -23,7 +23,8 @@ type providerClients struct {
 }
 
 func (pc *providerClients) get(ctx context.Context, reader client.Reader,
-	newClient func(billing.HTTPConfig) (billing.Client, error), bp *hooksv1alpha1.BillingProvider) (billing.Client, error) {
+	newClient func(billing.HTTPConfig) (billing.Client, error), bp *hooksv1alpha1.BillingProvider,
+	health *ProviderHealth) (billing.Client, error) {
 	// Read on every use, so a Secret that stops opting in is no longer sent.
 	token, err := readCredential(ctx, reader, bp.Namespace, &bp.Spec.CredentialsSecretRef,
 		hooksv1alpha1.CredentialForBilling, bp.Spec.Endpoint)
@@ -51,6 +52,9 @@ func (pc *providerClients) get(ctx context.Context, reader client.Reader,
 		if strings.HasPrefix(k, string(bp.UID)+"/") {
 			delete(pc.clients, k)
 		}
+	}
+	if health != nil {
+		c = observedClient{Client: c, bp: bp.DeepCopy(), health: health}
 	}
 	pc.clients[key] = c
 	return c, nil

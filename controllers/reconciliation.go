@@ -143,7 +143,7 @@ func (r *BillingProviderReconciler) pass(ctx context.Context, bp *hooksv1alpha1.
 	if err != nil {
 		rr.Status.Phase = hooksv1alpha1.ReportFailed
 		setCondition(&rr.Status.Conditions, rr.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
-			hooksv1alpha1.ReasonAPIServerFailure, truncateMessage(err.Error()))
+			reportFailureReason(err), truncateMessage(err.Error()))
 	} else {
 		rr.Status.Phase = hooksv1alpha1.ReportCompleted
 		setCondition(&rr.Status.Conditions, rr.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,

@@ -130,11 +130,14 @@ func startManager(opts ...managerOptions) *runningManager {
 	// Secrets are not watched: a fixed opt-in is seen at the next recheck, 1s here.
 	Expect((&controllers.JobCompletionReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("jobcompletion"), CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
+	// A failure stands against successes for 2s here (30s in production).
+	health := controllers.NewProviderHealth()
+	health.Hold = 2 * time.Second
 	Expect((&controllers.BillingSettlementReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
-		Recorder: m.GetEventRecorder("billingsettlement"), Archive: o.store,
+		Recorder: m.GetEventRecorder("billingsettlement"), Archive: o.store, Health: health,
 		CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
 	Expect((&controllers.BillingProviderReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
-		Recorder: m.GetEventRecorder("billingprovider"), Archive: o.store,
+		Recorder: m.GetEventRecorder("billingprovider"), Archive: o.store, Health: health,
 		CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
 	recvOpts := receiver.Options{BindAddress: "127.0.0.1:0", SecretTTL: time.Second}
 	if o.store != nil {

@@ -28,6 +28,11 @@ const (
 	// deletion waits for settlements that may have moved money at it; the message
 	// says how many and names some of them.
 	ConditionDeleting = "Deleting"
+	// ConditionProviderHealthy says how the operator's latest calls to the provider
+	// went: the endpoint answered and accepted the credentials (CallsSucceeding), it
+	// refused them (CredentialsRejected), or it could not be reached
+	// (EndpointUnreachable). Unknown until the first call.
+	ConditionProviderHealthy = "ProviderHealthy"
 )
 
 // Reasons on BillingProvider conditions and Kubernetes Events.
@@ -36,6 +41,18 @@ const (
 	// the provider may have moved money there and are not resolved; they still use
 	// it (and its credentials Secret) until the provider answers for them.
 	ReasonSettlementsInFlight = "SettlementsInFlight"
+	// ReasonCallsSucceeding: the latest calls reached the provider and it accepted
+	// the credentials (whatever it answered about each settlement).
+	ReasonCallsSucceeding = "CallsSucceeding"
+	// ReasonCredentialsRejected: the provider answered 401 or 403: the token in the
+	// credentials Secret is wrong, expired or lacks permission.
+	ReasonCredentialsRejected = "CredentialsRejected"
+	// ReasonEndpointUnreachable: calls got no answer (DNS failure, connection refused
+	// or reset, timeout): the endpoint is wrong, or the provider or the network is down.
+	ReasonEndpointUnreachable = "EndpointUnreachable"
+	// ReasonProviderCallFailed: a reconciliation pass failed on a provider call for
+	// another reason (e.g. a 5xx answer).
+	ReasonProviderCallFailed = "ProviderCallFailed"
 )
 
 // RetryPolicy bounds how a settlement is retried. Every retry uses the same key.

@@ -1,0 +1,72 @@
+package controllers
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+)
+
+// TestProviderHealth pins what one call says about a provider, and that a failure
+// stands against successes for Hold while a change of failure shows at once.
+func TestProviderHealth(t *testing.T) {
+	now := time.Unix(1000, 0)
+	h := NewProviderHealth()
+	h.Now = func() time.Time { return now }
+	bp := &hooksv1alpha1.BillingProvider{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "billing", UID: "u1"},
+		Spec: hooksv1alpha1.BillingProviderSpec{Endpoint: "https://billing.example.com",
+			CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "billing-token"}}}
+	rejected := &billing.Error{Class: billing.Terminal, Status: 401, Code: "401"}
+	refused := &billing.Error{Class: billing.Transient, Code: "connection_refused"}
+	serverError := &billing.Error{Class: billing.Ambiguous, Status: 503, Code: "503"}
+
+	steps := []struct {
+		after  time.Duration
+		err    error
+		reason string // "" = no condition yet
+		events int    // reason changes announced so far
+	}{
+		{0, errors.New("not from the adapter"), "", 0},
+		{0, &billing.Error{Code: "canceled"}, "", 0},
+		{0, nil, hooksv1alpha1.ReasonCallsSucceeding, 1},
+		{0, serverError, hooksv1alpha1.ReasonCallsSucceeding, 1}, // it answered: reachable, token accepted
+		{0, rejected, hooksv1alpha1.ReasonCredentialsRejected, 2},
+		{10 * time.Second, nil, hooksv1alpha1.ReasonCredentialsRejected, 2}, // held
+		{0, refused, hooksv1alpha1.ReasonEndpointUnreachable, 3},            // another failure shows at once
+		{31 * time.Second, nil, hooksv1alpha1.ReasonCallsSucceeding, 4},
+	}
+	for i, s := range steps {
+		now = now.Add(s.after)
+		h.observe(bp, s.err)
+		_, reason, _, ok := h.condition(bp.UID)
+		if !ok {
+			reason = ""
+		}
+		if reason != s.reason || len(h.changed) != s.events {
+			t.Fatalf("step %d: reason %q with %d changes, want %q with %d", i, reason, len(h.changed), s.reason, s.events)
+		}
+	}
+	h.forget(bp.UID)
+	if _, _, _, ok := h.condition(bp.UID); ok {
+		t.Fatal("a forgotten provider still has a condition")
+	}
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{rejected, hooksv1alpha1.ReasonCredentialsRejected},
+		{&billing.Error{Status: 403}, hooksv1alpha1.ReasonCredentialsRejected},
+		{refused, hooksv1alpha1.ReasonEndpointUnreachable},
+		{&billing.Error{Code: "dns_failure"}, hooksv1alpha1.ReasonEndpointUnreachable},
+		{serverError, hooksv1alpha1.ReasonProviderCallFailed},
+		{errors.New("the API server timed out"), hooksv1alpha1.ReasonAPIServerFailure},
+	} {
+		if got := reportFailureReason(c.err); got != c.want {
+			t.Errorf("reportFailureReason(%v) = %s, want %s", c.err, got, c.want)
+		}
+	}
+}
