@@ -143,11 +143,12 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 		}
 		setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 			reason, truncateMessage(err.Error()))
+		// No call is made without usable credentials: what earlier calls said is stale.
+		apimeta.RemoveStatusCondition(&bp.Status.Conditions, hooksv1alpha1.ConditionProviderHealthy)
 		return ctrl.Result{RequeueAfter: r.credentialRecheck()}, nil
 	}
-	setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
-		hooksv1alpha1.ReasonValid, "credentials found and allowed for this endpoint; settlements are sent to "+bp.Spec.Endpoint)
-	// Deferred: the pass below calls the provider too, and its outcome belongs in this write.
+	// Deferred: the pass below calls the provider too, and its outcome belongs in this
+	// write. Ready is decided once, so its lastTransitionTime keeps its meaning.
 	defer r.applyHealth(bp)
 
 	policy := reconciliationPolicyOf(bp)
@@ -180,15 +181,19 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 // applyHealth writes the ProviderHealthy condition from the latest calls and, while
 // the provider refuses the credentials or cannot be reached, makes Ready say so.
 func (r *BillingProviderReconciler) applyHealth(bp *hooksv1alpha1.BillingProvider) {
-	status, reason, message, ok := r.Health.condition(bp.UID)
-	if !ok {
-		return
+	status, reason, message, ok := r.Health.condition(bp.UID, bp.Generation)
+	if ok {
+		setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionProviderHealthy, status, reason, truncateMessage(message))
+	} else {
+		apimeta.RemoveStatusCondition(&bp.Status.Conditions, hooksv1alpha1.ConditionProviderHealthy)
 	}
-	setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionProviderHealthy, status, reason, truncateMessage(message))
-	if status == metav1.ConditionFalse {
+	if ok && status == metav1.ConditionFalse {
 		setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 			reason, truncateMessage(message+"; settlements keep retrying with the same keys"))
+		return
 	}
+	setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
+		hooksv1alpha1.ReasonValid, "credentials found and allowed for this endpoint; settlements are sent to "+bp.Spec.Endpoint)
 }
 
 type reconciliationPolicy struct {

@@ -34,6 +34,9 @@ type ProviderHealth struct {
 }
 
 type providerHealthState struct {
+	// generation of the provider the calls went to: a spec change (a new endpoint)
+	// starts over.
+	generation      int64
 	reason, message string
 	lastFailure     time.Time
 }
@@ -74,9 +77,13 @@ func (h *ProviderHealth) observe(bp *hooksv1alpha1.BillingProvider, err error) {
 	now := h.now()
 	h.mu.Lock()
 	st := h.state[bp.UID]
-	if st == nil {
-		st = &providerHealthState{}
+	switch {
+	case st == nil || bp.Generation > st.generation:
+		st = &providerHealthState{generation: bp.Generation}
 		h.state[bp.UID] = st
+	case bp.Generation < st.generation:
+		h.mu.Unlock()
+		return // a call through the provider's older spec, still in flight
 	}
 	if reason == hooksv1alpha1.ReasonCallsSucceeding && st.reason != "" && st.reason != reason &&
 		now.Sub(st.lastFailure) < h.hold() {
@@ -100,14 +107,14 @@ func (h *ProviderHealth) observe(bp *hooksv1alpha1.BillingProvider, err error) {
 
 // condition is the ProviderHealthy condition for a provider; ok is false before its
 // first call.
-func (h *ProviderHealth) condition(uid types.UID) (status metav1.ConditionStatus, reason, message string, ok bool) {
+func (h *ProviderHealth) condition(uid types.UID, generation int64) (status metav1.ConditionStatus, reason, message string, ok bool) {
 	if h == nil {
 		return "", "", "", false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := h.state[uid]
-	if st == nil || st.reason == "" {
+	if st == nil || st.reason == "" || st.generation != generation {
 		return "", "", "", false
 	}
 	status = metav1.ConditionFalse
@@ -129,8 +136,9 @@ func (h *ProviderHealth) forget(uid types.UID) {
 
 // healthOf says what one call's outcome tells about the provider as a whole; an
 // empty reason means nothing (our own cancellation, an error from outside the
-// adapter). Any answer other than 401/403 proves the endpoint is reachable and the
-// credentials accepted: a 4xx or 5xx about one settlement is that settlement's story.
+// adapter). A 5xx says the provider is failing; any other answer but 401/403 proves the
+// endpoint is reachable and the credentials accepted: a 4xx about one settlement (a
+// refusal, a 404 lookup, a 409 key in use, a 429) is that settlement's story.
 func healthOf(bp *hooksv1alpha1.BillingProvider, err error) (reason, message string) {
 	if err == nil {
 		return hooksv1alpha1.ReasonCallsSucceeding, "the latest calls reached " + bp.Spec.Endpoint + " and it accepted the credentials"
@@ -144,6 +152,10 @@ func healthOf(bp *hooksv1alpha1.BillingProvider, err error) (reason, message str
 		return hooksv1alpha1.ReasonCredentialsRejected, fmt.Sprintf(
 			"the provider refused the credentials (HTTP %d): check that key %q of Secret %q holds a valid token for %s",
 			e.Status, secretKeyOf(bp), bp.Spec.CredentialsSecretRef.Name, bp.Spec.Endpoint)
+	case e.Status >= 500:
+		return hooksv1alpha1.ReasonProviderErroring, fmt.Sprintf(
+			"the provider answers with errors (HTTP %d): check its status; settlements whose outcome is unknown are asked by key once it recovers",
+			e.Status)
 	case e.Status != 0:
 		return hooksv1alpha1.ReasonCallsSucceeding, "the latest calls reached " + bp.Spec.Endpoint + " and it accepted the credentials"
 	case e.Code == "canceled":

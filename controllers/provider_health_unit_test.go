@@ -33,16 +33,17 @@ func TestProviderHealth(t *testing.T) {
 		{0, errors.New("not from the adapter"), "", 0},
 		{0, &billing.Error{Code: "canceled"}, "", 0},
 		{0, nil, hooksv1alpha1.ReasonCallsSucceeding, 1},
-		{0, serverError, hooksv1alpha1.ReasonCallsSucceeding, 1}, // it answered: reachable, token accepted
+		{0, &billing.Error{Status: 409}, hooksv1alpha1.ReasonCallsSucceeding, 1}, // one settlement's story
 		{0, rejected, hooksv1alpha1.ReasonCredentialsRejected, 2},
 		{10 * time.Second, nil, hooksv1alpha1.ReasonCredentialsRejected, 2}, // held
 		{0, refused, hooksv1alpha1.ReasonEndpointUnreachable, 3},            // another failure shows at once
 		{31 * time.Second, nil, hooksv1alpha1.ReasonCallsSucceeding, 4},
+		{0, serverError, hooksv1alpha1.ReasonProviderErroring, 5},
 	}
 	for i, s := range steps {
 		now = now.Add(s.after)
 		h.observe(bp, s.err)
-		_, reason, _, ok := h.condition(bp.UID)
+		_, reason, _, ok := h.condition(bp.UID, bp.Generation)
 		if !ok {
 			reason = ""
 		}
@@ -50,8 +51,19 @@ func TestProviderHealth(t *testing.T) {
 			t.Fatalf("step %d: reason %q with %d changes, want %q with %d", i, reason, len(h.changed), s.reason, s.events)
 		}
 	}
+	// A new spec (another endpoint) starts over; a late call through the old one is ignored.
+	newer := bp.DeepCopy()
+	newer.Generation = 2
+	if _, _, _, ok := h.condition(newer.UID, newer.Generation); ok {
+		t.Fatal("the calls to generation 1 speak for generation 2")
+	}
+	h.observe(newer, rejected)
+	h.observe(bp, nil)
+	if _, reason, _, _ := h.condition(newer.UID, newer.Generation); reason != hooksv1alpha1.ReasonCredentialsRejected {
+		t.Fatalf("generation 2: %q after a late call through generation 1", reason)
+	}
 	h.forget(bp.UID)
-	if _, _, _, ok := h.condition(bp.UID); ok {
+	if _, _, _, ok := h.condition(newer.UID, newer.Generation); ok {
 		t.Fatal("a forgotten provider still has a condition")
 	}
 	for _, c := range []struct {

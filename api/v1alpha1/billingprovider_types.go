@@ -30,8 +30,9 @@ const (
 	ConditionDeleting = "Deleting"
 	// ConditionProviderHealthy says how the operator's latest calls to the provider
 	// went: the endpoint answered and accepted the credentials (CallsSucceeding), it
-	// refused them (CredentialsRejected), or it could not be reached
-	// (EndpointUnreachable). Unknown until the first call.
+	// refused them (CredentialsRejected), it answered with 5xx errors
+	// (ProviderErroring), or it could not be reached (EndpointUnreachable). Absent until
+	// the first call.
 	ConditionProviderHealthy = "ProviderHealthy"
 )
 
@@ -50,6 +51,8 @@ const (
 	// ReasonEndpointUnreachable: calls got no answer (DNS failure, connection refused
 	// or reset, timeout): the endpoint is wrong, or the provider or the network is down.
 	ReasonEndpointUnreachable = "EndpointUnreachable"
+	// ReasonProviderErroring: the provider answered the latest calls with 5xx errors.
+	ReasonProviderErroring = "ProviderErroring"
 	// ReasonProviderCallFailed: a reconciliation pass failed on a provider call for
 	// another reason (e.g. a 5xx answer).
 	ReasonProviderCallFailed = "ProviderCallFailed"
