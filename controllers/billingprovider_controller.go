@@ -64,6 +64,8 @@ type BillingProviderReconciler struct {
 	CredentialRecheckInterval time.Duration
 
 	clients providerClients
+	// findings remembers each provider's last pass, so new findings are counted once.
+	findings findingMemory
 }
 
 func (r *BillingProviderReconciler) credentialRecheck() time.Duration {
@@ -251,6 +253,7 @@ func (r *BillingProviderReconciler) reconcileDelete(ctx context.Context, bp *hoo
 		if err := r.Patch(ctx, bp, patch); err != nil && !apierrors.IsNotFound(err) {
 			return ctrl.Result{}, fmt.Errorf("remove finalizer of billingprovider %s/%s: %w", bp.Namespace, bp.Name, err)
 		}
+		r.findings.forget(bp.UID)
 		ctrl.LoggerFrom(ctx).Info("no settlement holds the billing provider any more; deletion goes ahead")
 		return ctrl.Result{}, nil
 	}
