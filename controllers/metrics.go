@@ -53,9 +53,16 @@ var (
 	}, []string{"state"})
 )
 
-func init() {
-	metrics.Registry.MustRegister(eventsExpired, settlementAttempts, billingCallDuration, settlementTransitions, deadLetters, receiptToSettled, jobTransitions)
+// MetricCollectors are the controllers' metrics, registered with controller-runtime's
+// registry at start (the ObjectsCollector is registered by the manager, which owns the
+// cache it reads). test/prometheus checks the shipped alerts and dashboard against them.
+func MetricCollectors() []prometheus.Collector {
+	return []prometheus.Collector{eventsExpired, settlementAttempts, billingCallDuration, settlementTransitions, deadLetters,
+		receiptToSettled, jobTransitions, discrepanciesFound, repairsCarriedOut,
+		archivedRecords, archivedDuplicates, archiveFailures, archiveEnabled, archiveUp}
 }
+
+func init() { metrics.Registry.MustRegister(MetricCollectors()...) }
 
 // observeBillingCall counts one call to a billing provider and records its duration.
 func observeBillingCall(namespace, billingProvider, operation string, start time.Time, err error) {

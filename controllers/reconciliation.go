@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
@@ -35,8 +34,6 @@ var (
 		Help: "Repairs named by reconciliation passes, by action and whether they were carried out.",
 	}, []string{"action", "carried_out"})
 )
-
-func init() { metrics.Registry.MustRegister(discrepanciesFound, repairsCarriedOut) }
 
 // findingMemory keeps, per BillingProvider (by UID), the findings of its last pass, so
 // that settlement_reconciliation_discrepancies_total counts a finding once rather than

@@ -65,6 +65,10 @@ var (
 	}, []string{"namespace", "provider", "key_index"})
 )
 
-func init() {
-	metrics.Registry.MustRegister(requestsTotal, requestDuration, inFlight, throttled, signatureSecretIndex, archiveLookups)
+// MetricCollectors are the receiver's metrics, registered with controller-runtime's
+// registry at start; test/prometheus checks the shipped alerts and dashboard against them.
+func MetricCollectors() []prometheus.Collector {
+	return []prometheus.Collector{requestsTotal, requestDuration, inFlight, throttled, signatureSecretIndex, archiveLookups}
 }
+
+func init() { metrics.Registry.MustRegister(MetricCollectors()...) }
