@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
@@ -60,10 +59,6 @@ var (
 		Help: "1 when the archive answered its last operation, 0 when it did not.",
 	})
 )
-
-func init() {
-	metrics.Registry.MustRegister(archivedRecords, archivedDuplicates, archiveFailures, archiveEnabled, archiveUp)
-}
 
 // SetArchiveEnabled records whether the manager runs with an archive.
 func SetArchiveEnabled(on bool) {

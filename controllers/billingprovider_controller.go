@@ -68,6 +68,8 @@ type BillingProviderReconciler struct {
 	Health *ProviderHealth
 
 	clients providerClients
+	// findings remembers each provider's last pass, so new findings are counted once.
+	findings findingMemory
 }
 
 func (r *BillingProviderReconciler) credentialRecheck() time.Duration {
@@ -277,6 +279,7 @@ func (r *BillingProviderReconciler) reconcileDelete(ctx context.Context, bp *hoo
 			return ctrl.Result{}, fmt.Errorf("remove finalizer of billingprovider %s/%s: %w", bp.Namespace, bp.Name, err)
 		}
 		r.Health.forget(bp.UID)
+		r.findings.forget(bp.UID)
 		ctrl.LoggerFrom(ctx).Info("no settlement holds the billing provider any more; deletion goes ahead")
 		return ctrl.Result{}, nil
 	}

@@ -569,14 +569,14 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 	s.before = bs.DeepCopy()
 
 	req := requestOf(bs, s.reverses)
+	called := time.Now()
 	rec, err := s.client.Submit(ctx, req)
+	observeBillingCall(bs.Namespace, bs.Spec.BillingProviderRef, "submit", called, err)
 	if err != nil {
-		settlementAttempts.WithLabelValues("submit", classLabel(err)).Inc()
 		o := failureObservation(err, s.now, st)
 		o.submit, o.priorExposure, o.priorLastSubmission = true, prior, priorLast
 		return o, providerHold{}, nil
 	}
-	settlementAttempts.WithLabelValues("submit", "ok").Inc()
 	return recordObservation(req, rec, true), providerHold{}, nil
 }
 
@@ -619,12 +619,12 @@ func (r *BillingSettlementReconciler) lookup(ctx context.Context, s *settlementS
 		// asking on its own backoff anyway.
 		bs.Status.ReconcileRequest = s.reconcileToken
 	}
+	called := time.Now()
 	rec, found, err := s.client.Lookup(ctx, bs.Spec.IdempotencyKey)
+	observeBillingCall(bs.Namespace, bs.Spec.BillingProviderRef, "lookup", called, err)
 	if err != nil {
-		settlementAttempts.WithLabelValues("lookup", classLabel(err)).Inc()
 		return failureObservation(err, s.now, &bs.Status)
 	}
-	settlementAttempts.WithLabelValues("lookup", "ok").Inc()
 	if !found {
 		return observation{kind: obsNotFound}
 	}

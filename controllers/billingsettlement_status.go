@@ -33,7 +33,7 @@ func (r *BillingSettlementReconciler) patchStatus(ctx context.Context, s *settle
 // countTransition counts a state change between the last write and this one.
 func (r *BillingSettlementReconciler) countTransition(s *settlementScope) {
 	if s.before.Status.State != s.bs.Status.State {
-		settlementTransitions.WithLabelValues(string(s.bs.Status.State)).Inc()
+		settlementTransitions.WithLabelValues(s.bs.Namespace, s.bs.Spec.BillingProviderRef, string(s.bs.Status.State)).Inc()
 	}
 }
 
@@ -114,7 +114,7 @@ func (r *BillingSettlementReconciler) apply(ctx context.Context, s *settlementSc
 		r.cond(bs, hooksv1alpha1.ConditionSettled, metav1.ConditionFalse, d.reason, msg)
 		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.reason, msg)
 		if d.deadLetter {
-			deadLetters.Inc()
+			deadLetters.WithLabelValues(bs.Namespace, bs.Spec.BillingProviderRef).Inc()
 			r.cond(bs, hooksv1alpha1.ConditionDeadLettered, metav1.ConditionTrue, d.reason,
 				truncateMessage(msg+"; nothing was charged; to retry with the same key: kubectl annotate billingsettlement "+bs.Name+" "+
 					hooksv1alpha1.AnnotationReplay+"=\"$(date +%s)\" --overwrite"))

@@ -11,21 +11,30 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 )
 
+// Metric labels name the namespace and the BillingProvider (or WebhookProvider), never
+// an event ID, a key or a customer: their values are bounded by the objects a platform
+// team creates, not by what senders send (docs/decisions.md "Metrics (issue 13)").
 var (
 	settlementAttempts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_provider_calls_total",
-		Help: "Calls to billing providers by operation (submit, lookup) and outcome (ok, transient, ambiguous, terminal).",
-	}, []string{"operation", "outcome"})
+		Help: "Calls to billing providers by namespace, BillingProvider, operation (submit, lookup, list) and outcome (ok, transient, ambiguous, terminal).",
+	}, []string{"namespace", "billing_provider", "operation", "outcome"})
+
+	billingCallDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "settlement_billing_call_duration_seconds",
+		Help:    "Duration of calls to billing providers by namespace, BillingProvider, operation and outcome (as settlement_provider_calls_total).",
+		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	}, []string{"namespace", "billing_provider", "operation", "outcome"})
 
 	settlementTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_transitions_total",
-		Help: "BillingSettlement state transitions by the state entered.",
-	}, []string{"state"})
+		Help: "BillingSettlement state transitions by namespace, BillingProvider and the state entered.",
+	}, []string{"namespace", "billing_provider", "state"})
 
-	deadLetters = prometheus.NewCounter(prometheus.CounterOpts{
+	deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_dead_letters_total",
-		Help: "BillingSettlements dead-lettered (retries exhausted or terminal error); replay to resume.",
-	})
+		Help: "BillingSettlements dead-lettered (retries exhausted or terminal error) by namespace and BillingProvider; replay to resume.",
+	}, []string{"namespace", "billing_provider"})
 
 	receiptToSettled = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "settlement_receipt_to_settled_seconds",
@@ -44,26 +53,99 @@ var (
 	}, []string{"state"})
 )
 
-func init() {
-	metrics.Registry.MustRegister(eventsExpired, settlementAttempts, settlementTransitions, deadLetters, receiptToSettled, jobTransitions)
+// MetricCollectors are the controllers' metrics, registered with controller-runtime's
+// registry at start (the ObjectsCollector is registered by the manager, which owns the
+// cache it reads). test/prometheus checks the shipped alerts and dashboard against them.
+func MetricCollectors() []prometheus.Collector {
+	return []prometheus.Collector{eventsExpired, settlementAttempts, billingCallDuration, settlementTransitions, deadLetters,
+		receiptToSettled, jobTransitions, discrepanciesFound, repairsCarriedOut,
+		archivedRecords, archivedDuplicates, archiveFailures, archiveEnabled, archiveUp}
+}
+
+func init() { metrics.Registry.MustRegister(MetricCollectors()...) }
+
+// observeBillingCall counts one call to a billing provider and records its duration.
+func observeBillingCall(namespace, billingProvider, operation string, start time.Time, err error) {
+	outcome := "ok"
+	if err != nil {
+		outcome = classLabel(err)
+	}
+	settlementAttempts.WithLabelValues(namespace, billingProvider, operation, outcome).Inc()
+	billingCallDuration.WithLabelValues(namespace, billingProvider, operation, outcome).Observe(time.Since(start).Seconds())
 }
 
 // ObjectsCollector reports how many objects of each kind are in each state, counted
 // from the informer cache at scrape time (no API call, no deep copies: it only reads
 // a field), so capacity and backlogs can be watched: settlement_objects{kind,state}.
+//
+// It also reports settlement_oldest_unsettled_seconds{namespace,billing_provider}: the
+// age of the oldest settlement not yet sent or answered (Pending or Submitted), 0 for a
+// BillingProvider with none, so "stuck Submitted" is one threshold on one series per
+// provider rather than a scan of objects.
 type ObjectsCollector struct {
 	Reader client.Reader
-	desc   *prometheus.Desc
+	// Now is the clock (time.Now when nil).
+	Now        func() time.Time
+	desc       *prometheus.Desc
+	oldestDesc *prometheus.Desc
 }
 
 // NewObjectsCollector returns a collector reading from reader (the manager's cache).
 func NewObjectsCollector(reader client.Reader) *ObjectsCollector {
 	return &ObjectsCollector{Reader: reader, desc: prometheus.NewDesc("settlement_objects",
-		"Objects by kind and state/phase, from the operator's cache.", []string{"kind", "state"}, nil)}
+		"Objects by kind and state/phase, from the operator's cache.", []string{"kind", "state"}, nil),
+		oldestDesc: prometheus.NewDesc("settlement_oldest_unsettled_seconds",
+			"Age of the oldest BillingSettlement not yet answered by its provider (Pending or Submitted), by namespace and BillingProvider; 0 when there is none.",
+			[]string{"namespace", "billing_provider"}, nil)}
 }
 
 // Describe implements prometheus.Collector.
-func (c *ObjectsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *ObjectsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.desc
+	ch <- c.oldestDesc
+}
+
+// unsettled says whether a settlement still waits for its provider's answer: the
+// states the operator resolves on its own. Failed (dead letters) and
+// RequiresReconciliation wait for a human and have their own alerts.
+func unsettled(s hooksv1alpha1.SettlementState) bool {
+	return s == "" || s == hooksv1alpha1.SettlementPending || s == hooksv1alpha1.SettlementSubmitted
+}
+
+// collectOldest emits the oldest unsettled settlement's age for every BillingProvider
+// in the cache (0 when idle) and for every provider name a settlement refers to.
+func (c *ObjectsCollector) collectOldest(ctx context.Context, ch chan<- prometheus.Metric, stls []hooksv1alpha1.BillingSettlement) {
+	var bps hooksv1alpha1.BillingProviderList
+	if c.Reader.List(ctx, &bps, client.UnsafeDisableDeepCopy) != nil {
+		return
+	}
+	now := time.Now()
+	if c.Now != nil {
+		now = c.Now()
+	}
+	type provider struct{ namespace, name string }
+	oldest := map[provider]time.Time{}
+	for i := range bps.Items {
+		oldest[provider{bps.Items[i].Namespace, bps.Items[i].Name}] = time.Time{}
+	}
+	for i := range stls {
+		bs := &stls[i]
+		if !unsettled(bs.Status.State) {
+			continue
+		}
+		p := provider{bs.Namespace, bs.Spec.BillingProviderRef}
+		if t, ok := oldest[p]; !ok || t.IsZero() || bs.CreationTimestamp.Time.Before(t) {
+			oldest[p] = bs.CreationTimestamp.Time
+		}
+	}
+	for p, t := range oldest {
+		age := 0.0
+		if !t.IsZero() && now.After(t) {
+			age = now.Sub(t).Seconds()
+		}
+		ch <- prometheus.MustNewConstMetric(c.oldestDesc, prometheus.GaugeValue, age, p.namespace, p.name)
+	}
+}
 
 // Collect implements prometheus.Collector.
 func (c *ObjectsCollector) Collect(ch chan<- prometheus.Metric) {
@@ -100,5 +182,6 @@ func (c *ObjectsCollector) Collect(ch chan<- prometheus.Metric) {
 			counts[string(stls.Items[i].Status.State)]++
 		}
 		emit("BillingSettlement", counts)
+		c.collectOldest(ctx, ch, stls.Items)
 	}
 }

@@ -3,7 +3,9 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
@@ -26,21 +27,74 @@ const maxReportItems = 100
 var (
 	discrepanciesFound = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_reconciliation_discrepancies_total",
-		Help: "Discrepancies found by reconciliation passes, by type.",
-	}, []string{"type"})
+		Help: "New discrepancies found by reconciliation passes, by namespace, BillingProvider and type: a finding (type and object) the previous pass of the same BillingProvider also reported is not counted again.",
+	}, []string{"namespace", "billing_provider", "type"})
 	repairsCarriedOut = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_reconciliation_repairs_total",
 		Help: "Repairs named by reconciliation passes, by action and whether they were carried out.",
 	}, []string{"action", "carried_out"})
 )
 
-func init() { metrics.Registry.MustRegister(discrepanciesFound, repairsCarriedOut) }
+// findingMemory keeps, per BillingProvider (by UID), the findings of its last pass, so
+// that settlement_reconciliation_discrepancies_total counts a finding once rather than
+// on every pass that sees it again: an alert on its rate then means "something new",
+// and the reports keep the full picture. It lives in memory: after a restart or a
+// change of leader every open finding is counted once more (docs/decisions.md
+// "Metrics (issue 13)"). A finding is kept as a 64-bit hash of its type, object and
+// provider record, so a pass with many findings costs 8 bytes per finding.
+type findingMemory struct {
+	mu         sync.Mutex
+	byProvider map[types.UID]map[uint64]struct{}
+}
+
+// last returns the findings of the provider's last pass (nil before its first).
+func (m *findingMemory) last(uid types.UID) map[uint64]struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.byProvider[uid]
+}
+
+// remember stores a pass's findings. A pass that ended early (complete false) may have
+// missed findings it did not get to: they are kept from the pass before, so they are
+// not counted as new when the next pass sees them.
+func (m *findingMemory) remember(uid types.UID, seen, previous map[uint64]struct{}, complete bool) {
+	if !complete {
+		for k := range previous {
+			seen[k] = struct{}{}
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.byProvider == nil {
+		m.byProvider = map[types.UID]map[uint64]struct{}{}
+	}
+	m.byProvider[uid] = seen
+}
+
+// forget drops a deleted provider's findings.
+func (m *findingMemory) forget(uid types.UID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.byProvider, uid)
+}
+
+// findingID identifies a finding across passes: its type, the object it concerns and
+// the provider's record (for findings with no local object).
+func findingID(d hooksv1alpha1.Discrepancy) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(string(d.Type) + "\x00" + d.Object + "\x00" + d.ProviderRef))
+	return h.Sum64()
+}
 
 // passState accumulates one pass's findings.
 type passState struct {
-	report   *hooksv1alpha1.ReconciliationReportStatus
-	byType   map[hooksv1alpha1.DiscrepancyType]int32
-	examined map[string]int32
+	// namespace and provider label the pass's metrics.
+	namespace, provider string
+	// previous holds the last pass's findings; seen this pass's.
+	previous, seen map[uint64]struct{}
+	report         *hooksv1alpha1.ReconciliationReportStatus
+	byType         map[hooksv1alpha1.DiscrepancyType]int32
+	examined       map[string]int32
 	// listedAll is true when the provider's records were walked to the end.
 	listedAll bool
 	// items keeps up to maxReportItems findings per type until the report is filled.
@@ -56,7 +110,12 @@ func (p *passState) add(d hooksv1alpha1.Discrepancy) {
 	if d.Action == hooksv1alpha1.RepairManualReview {
 		p.report.NeedsReview++
 	}
-	discrepanciesFound.WithLabelValues(string(d.Type)).Inc()
+	id := findingID(d)
+	_, before := p.previous[id]
+	if _, again := p.seen[id]; !before && !again {
+		discrepanciesFound.WithLabelValues(p.namespace, p.provider, string(d.Type)).Inc()
+	}
+	p.seen[id] = struct{}{}
 	repairsCarriedOut.WithLabelValues(string(d.Action), fmt.Sprint(d.CarriedOut)).Inc()
 	if p.items == nil {
 		p.items = map[hooksv1alpha1.DiscrepancyType][]hooksv1alpha1.Discrepancy{}
@@ -123,10 +182,12 @@ func (r *BillingProviderReconciler) pass(ctx context.Context, bp *hooksv1alpha1.
 		return rr.Name, false, nil // a pass for this second already ran
 	}
 	base := rr.DeepCopy()
-	p := &passState{report: &rr.Status, byType: map[hooksv1alpha1.DiscrepancyType]int32{}, examined: map[string]int32{}}
+	p := &passState{report: &rr.Status, byType: map[hooksv1alpha1.DiscrepancyType]int32{}, examined: map[string]int32{},
+		namespace: bp.Namespace, provider: bp.Name, previous: r.findings.last(bp.UID), seen: map[uint64]struct{}{}}
 	rr.Status.Phase = hooksv1alpha1.ReportRunning
 
 	err := r.compare(ctx, bp, c, policy, now, rr.Name, p)
+	r.findings.remember(bp.UID, p.seen, p.previous, err == nil && p.listedAll)
 	p.fillItems()
 	rr.Status.ObservedGeneration = rr.Generation
 	rr.Status.Examined = p.examined
@@ -524,7 +585,9 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 	seen := map[string]bool{}
 	cursor, pages, records := "", 0, int32(0)
 	for {
+		called := time.Now()
 		recs, next, err := c.List(ctx, since, cursor)
+		observeBillingCall(bp.Namespace, bp.Name, "list", called, err)
 		if err != nil {
 			return fmt.Errorf("list the provider's records: %w", err)
 		}
@@ -601,7 +664,9 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 			bs.Status.SettledAt == nil || bs.Status.SettledAt.Time.Before(since) {
 			continue
 		}
+		called := time.Now()
 		rec, found, err := c.Lookup(ctx, bs.Spec.IdempotencyKey)
+		observeBillingCall(bp.Namespace, bp.Name, "lookup", called, err)
 		if err != nil {
 			return fmt.Errorf("look up %s: %w", bs.Spec.IdempotencyKey, err)
 		}

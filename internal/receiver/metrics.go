@@ -35,8 +35,8 @@ const (
 var (
 	requestsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_receiver_requests_total",
-		Help: "Webhook deliveries answered, by provider (namespace/name; \"unknown\" for unknown providers) and outcome.",
-	}, []string{"provider", "outcome"})
+		Help: "Webhook deliveries answered, by the WebhookProvider's namespace and name (both \"unknown\" until the provider is found) and outcome.",
+	}, []string{"namespace", "provider", "outcome"})
 
 	requestDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "settlement_receiver_request_duration_seconds",
@@ -61,10 +61,14 @@ var (
 
 	signatureSecretIndex = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_receiver_signature_key_matches_total",
-		Help: "Verified deliveries by provider and the index (sorted by Secret key name) of the key that matched; an old key with no matches can be removed.",
-	}, []string{"provider", "key_index"})
+		Help: "Verified deliveries by the WebhookProvider's namespace and name and the index (sorted by Secret key name) of the key that matched; an old key with no matches can be removed.",
+	}, []string{"namespace", "provider", "key_index"})
 )
 
-func init() {
-	metrics.Registry.MustRegister(requestsTotal, requestDuration, inFlight, throttled, signatureSecretIndex, archiveLookups)
+// MetricCollectors are the receiver's metrics, registered with controller-runtime's
+// registry at start; test/prometheus checks the shipped alerts and dashboard against them.
+func MetricCollectors() []prometheus.Collector {
+	return []prometheus.Collector{requestsTotal, requestDuration, inFlight, throttled, signatureSecretIndex, archiveLookups}
 }
+
+func init() { metrics.Registry.MustRegister(MetricCollectors()...) }

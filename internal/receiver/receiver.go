@@ -263,8 +263,9 @@ type answer struct {
 
 // delivery is what serve needs to know about a request once handle has answered it.
 type delivery struct {
-	// providerLabel is the metric label: namespace/name once the provider is known.
-	providerLabel string
+	// namespace and provider are the metric labels: "unknown" until the WebhookProvider
+	// is found in the cache, so a sender cannot mint label values by inventing paths.
+	namespace, provider string
 	// bodyRead is true once the whole body was read.
 	bodyRead bool
 }
@@ -278,9 +279,9 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 	// deadline; the server's timeouts then apply alone.
 	_ = http.NewResponseController(w).SetReadDeadline(start.Add(r.opts.BodyReadTimeout))
 	ns, name := req.PathValue("namespace"), req.PathValue("provider")
-	d := delivery{providerLabel: outcomeLabelUnknownValue}
+	d := delivery{namespace: outcomeLabelUnknownValue, provider: outcomeLabelUnknownValue}
 	a := r.handle(req, ns, name, &d)
-	requestsTotal.WithLabelValues(d.providerLabel, a.outcome).Inc()
+	requestsTotal.WithLabelValues(d.namespace, d.provider, a.outcome).Inc()
 	requestDuration.WithLabelValues(a.outcome).Observe(time.Since(start).Seconds())
 
 	w.Header().Set("Content-Type", "application/json")
@@ -337,7 +338,7 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 		logger.Error(err, "provider lookup failed")
 		return r.unavailable("provider lookup failed")
 	}
-	d.providerLabel = ns + "/" + name
+	d.namespace, d.provider = ns, name
 	c, err := r.compiledFor(&provider)
 	if err != nil {
 		// Our configuration is wrong, not the delivery: 503 keeps the sender retrying
@@ -350,7 +351,7 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	// 3. Admission, per tenant: the provider's and its namespace's slots (waiting up to
 	// AdmissionWait for them), held until the answer. A flood or a stall at one provider uses up that provider's slots
 	// (and at most its namespace's), never another tenant's.
-	release, limit := r.tenants.enter(ctx, ns, d.providerLabel, r.opts.AdmissionWait)
+	release, limit := r.tenants.enter(ctx, ns, ns+"/"+name, r.opts.AdmissionWait)
 	if limit != "" {
 		return r.busy(limit)
 	}
@@ -388,7 +389,7 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	if !ok {
 		return a
 	}
-	signatureSecretIndex.WithLabelValues(d.providerLabel, strconv.Itoa(verified.SecretIndex)).Inc()
+	signatureSecretIndex.WithLabelValues(d.namespace, d.provider, strconv.Itoa(verified.SecretIndex)).Inc()
 
 	// 7. Parse, identify, route.
 	doc, err := payload.Decode(body)

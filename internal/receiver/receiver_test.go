@@ -355,14 +355,13 @@ var _ = Describe("the receiver", func() {
 			Expect(ev.Spec.RawPayloadTruncated).To(BeTrue())
 		})
 
-		It("counts answers by provider and outcome", func() {
-			label := ns + "/inference"
-			before := testutil.ToFloat64(requestsTotal.WithLabelValues(label, OutcomeAccepted))
+		It("counts answers by namespace, provider and outcome", func() {
+			before := testutil.ToFloat64(requestsTotal.WithLabelValues(ns, "inference", OutcomeAccepted))
 			Expect(send(ns, "inference", "msg_metric", completedV2).Status).To(Equal(http.StatusOK))
-			Expect(testutil.ToFloat64(requestsTotal.WithLabelValues(label, OutcomeAccepted))).To(Equal(before + 1))
-			unknownBefore := testutil.ToFloat64(requestsTotal.WithLabelValues(outcomeLabelUnknownValue, OutcomeUnknownProvider))
+			Expect(testutil.ToFloat64(requestsTotal.WithLabelValues(ns, "inference", OutcomeAccepted))).To(Equal(before + 1))
+			unknownBefore := testutil.ToFloat64(requestsTotal.WithLabelValues(outcomeLabelUnknownValue, outcomeLabelUnknownValue, OutcomeUnknownProvider))
 			Expect(send(ns, "no-such-provider", "msg_metric", completedV2).Status).To(Equal(http.StatusNotFound))
-			Expect(testutil.ToFloat64(requestsTotal.WithLabelValues(outcomeLabelUnknownValue, OutcomeUnknownProvider))).
+			Expect(testutil.ToFloat64(requestsTotal.WithLabelValues(outcomeLabelUnknownValue, outcomeLabelUnknownValue, OutcomeUnknownProvider))).
 				To(Equal(unknownBefore+1), "unknown providers share one label value, so senders cannot grow the metric")
 		})
 	})

@@ -352,7 +352,8 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		for _, m := range []string{"settlement_receiver_requests_total", "settlement_receiver_request_duration_seconds",
 			"settlement_receiver_in_flight_requests", "settlement_receiver_signature_key_matches_total",
 			"settlement_provider_calls_total", "settlement_transitions_total", "settlement_dead_letters_total",
-			"settlement_receipt_to_settled_seconds", "settlement_job_completion_transitions_total", "settlement_objects"} {
+			"settlement_receipt_to_settled_seconds", "settlement_job_completion_transitions_total", "settlement_objects",
+			"settlement_billing_call_duration_seconds", "settlement_oldest_unsettled_seconds"} {
 			Expect(exposed.String()).To(ContainSubstring("# TYPE "+m+" "), m)
 		}
 
@@ -599,10 +600,17 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 
 		// The ServiceMonitor's CRD belongs to the Prometheus Operator, so it is checked
 		// against the installer rather than applied.
-		monitors := decodeAll(run(kustomize, "build", filepath.Join(testenv.RepoRoot(), "config", "prometheus")))
-		Expect(monitors).To(HaveLen(1))
-		sm := monitors[0]
-		Expect(sm.GetKind()).To(Equal("ServiceMonitor"))
+		// Its alerts are checked by test/prometheus (PromQL, metric names, runbook links).
+		monitoring := decodeAll(run(kustomize, "build", filepath.Join(testenv.RepoRoot(), "config", "prometheus")))
+		Expect(monitoring).To(HaveLen(2))
+		kinds := map[string]*unstructured.Unstructured{}
+		for _, o := range monitoring {
+			kinds[o.GetKind()] = o
+		}
+		Expect(kinds).To(HaveKey("PrometheusRule"))
+		Expect(kinds["PrometheusRule"].GetNamespace()).To(Equal(operatorNamespace))
+		sm := kinds["ServiceMonitor"]
+		Expect(sm).NotTo(BeNil())
 		Expect(sm.GetNamespace()).To(Equal(operatorNamespace))
 		match, _, err := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
 		Expect(err).NotTo(HaveOccurred())
