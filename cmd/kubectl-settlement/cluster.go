@@ -164,3 +164,30 @@ func findSettlements(ctx context.Context, cl client.Client, ns string, match fun
 		}
 	}
 }
+
+// clusterCommand is how trace and replay start: their flags parsed and checked, the
+// one reference they take (described by what, for the error when it is missing), the
+// namespace and a client.
+func (c *command) clusterCommand(cmd string, args []string, withArchive bool, help, what string) (
+	cf *clusterFlags, ref, ns string, cl client.Client, err error) {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	cf = &clusterFlags{}
+	cf.register(fs, withArchive)
+	pos, set, err := parse(cmd, fs, args, help)
+	if err != nil {
+		return nil, "", "", nil, err
+	}
+	if err := cf.validate(cmd, set); err != nil {
+		return nil, "", "", nil, err
+	}
+	if ref, err = oneReference(cmd, pos, what); err != nil {
+		return nil, "", "", nil, err
+	}
+	if ns, err = namespace(&cf.common, c.env); err != nil {
+		return nil, "", "", nil, err
+	}
+	if cl, err = kubeClient(&cf.common, c.env); err != nil {
+		return nil, "", "", nil, err
+	}
+	return cf, ref, ns, cl, nil
+}

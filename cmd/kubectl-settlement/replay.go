@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"flag"
 	"fmt"
 	"strings"
 	"time"
@@ -73,25 +72,8 @@ func stateHint(st hooksv1alpha1.SettlementState) string {
 
 func (c *command) replay(ctx context.Context, args []string) error {
 	const cmd = "replay"
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	var cf clusterFlags
-	cf.register(fs, false)
-	pos, set, err := parse(cmd, fs, args, replayHelp)
-	if err != nil {
-		return err
-	}
-	if err := cf.validate(cmd, set); err != nil {
-		return err
-	}
-	ref, err := oneReference(cmd, pos, "the settlement to replay: its name, settlement key or idempotency key")
-	if err != nil {
-		return err
-	}
-	ns, err := namespace(&cf.common, c.env)
-	if err != nil {
-		return err
-	}
-	cl, err := kubeClient(&cf.common, c.env)
+	cf, ref, ns, cl, err := c.clusterCommand(cmd, args, false, replayHelp,
+		"the settlement to replay: its name, settlement key or idempotency key")
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"sort"
@@ -88,25 +87,8 @@ type tracer struct {
 
 func (c *command) trace(ctx context.Context, args []string) error {
 	const cmd = "trace"
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	var cf clusterFlags
-	cf.register(fs, true)
-	pos, set, err := parse(cmd, fs, args, traceHelp)
-	if err != nil {
-		return err
-	}
-	if err := cf.validate(cmd, set); err != nil {
-		return err
-	}
-	ref, err := oneReference(cmd, pos, "an event ID, job ID, settlement key, idempotency key or object name")
-	if err != nil {
-		return err
-	}
-	ns, err := namespace(&cf.common, c.env)
-	if err != nil {
-		return err
-	}
-	cl, err := kubeClient(&cf.common, c.env)
+	cf, ref, ns, cl, err := c.clusterCommand(cmd, args, true, traceHelp,
+		"an event ID, job ID, settlement key, idempotency key or object name")
 	if err != nil {
 		return err
 	}
