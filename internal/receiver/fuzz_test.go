@@ -387,28 +387,10 @@ func (fe *fuzzEnv) install(ctx context.Context, ns string) error {
 // tests' provider does. Every field that decides an effect comes from signed bytes:
 // the body, or the Standard Webhooks webhook-id header, which that scheme signs.
 func fuzzProvider(ns string, tgt fuzzTarget) *hooksv1alpha1.WebhookProvider {
-	p := &hooksv1alpha1.WebhookProvider{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: tgt.provider},
-		Spec: hooksv1alpha1.WebhookProviderSpec{
-			Signature: hooksv1alpha1.SignatureSpec{SecretRef: hooksv1alpha1.SecretReference{Name: tgt.provider + "-secret"}},
-			EventID:   hooksv1alpha1.EventIDSource{JSONPath: ".id"},
-			EventType: hooksv1alpha1.FieldSource{JSONPath: ".type"},
-			Routes: []hooksv1alpha1.Route{{
-				EventType: "job.completed",
-				Operations: []hooksv1alpha1.RouteOperation{
-					{Type: hooksv1alpha1.OperationJobCompletion, JobCompletion: &hooksv1alpha1.JobCompletionMapping{
-						JobID: ".data.job_id", CompletionVersion: ".data.version", State: ".data.state",
-						CompletedAt: ".data.completed_at",
-						Usage:       &hooksv1alpha1.UsageMapping{Quantity: ".data.usage.tokens", Meter: "tokens", Unit: "tokens"},
-					}},
-					{Type: hooksv1alpha1.OperationBillingSettlement, Settlement: &hooksv1alpha1.SettlementMapping{
-						BillingProviderRef: "billing", JobID: ".data.job_id", Customer: ".data.customer",
-						Usage: &hooksv1alpha1.UsageMapping{Quantity: ".data.usage.tokens", Meter: "tokens", Unit: "tokens"},
-					}},
-				},
-			}},
-		},
-	}
+	p := inferenceProvider(ns)
+	p.Name = tgt.provider
+	p.Spec.Signature = hooksv1alpha1.SignatureSpec{SecretRef: hooksv1alpha1.SecretReference{Name: tgt.provider + "-secret"}}
+	p.Spec.EventID = hooksv1alpha1.EventIDSource{JSONPath: ".id"}
 	s := &p.Spec.Signature
 	switch tgt.sig.Scheme {
 	case signature.SchemeStandardWebhooks:
