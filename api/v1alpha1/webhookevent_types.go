@@ -57,11 +57,15 @@ const (
 const (
 	ReasonAccepted              = "Accepted"
 	ReasonConflictingEventReuse = "ConflictingEventReuse"
-	ReasonAllOperationsDone     = "AllOperationsDone"
-	ReasonOperationsInProgress  = "OperationsInProgress"
-	ReasonOperationFailed       = "OperationFailed"
-	ReasonOperationAmbiguous    = "OperationAmbiguous"
-	ReasonRetentionExpired      = "RetentionExpired"
+	// ReasonDeliveriesRejected is the Warning Event on a WebhookProvider whose
+	// deliveries are being refused (400, 401, 413, 415): at most one a minute per
+	// provider; status.lastRejection holds the details.
+	ReasonDeliveriesRejected   = "DeliveriesRejected"
+	ReasonAllOperationsDone    = "AllOperationsDone"
+	ReasonOperationsInProgress = "OperationsInProgress"
+	ReasonOperationFailed      = "OperationFailed"
+	ReasonOperationAmbiguous   = "OperationAmbiguous"
+	ReasonRetentionExpired     = "RetentionExpired"
 )
 
 // JobCompletionFacts is one job completion extracted from a payload at receipt.

@@ -473,6 +473,14 @@ type WebhookProviderStatus struct {
 	// +optional
 	NextRetentionSweep *metav1.Time `json:"nextRetentionSweep,omitempty"`
 
+	// lastRejection is the latest kind of delivery this provider's senders had refused
+	// (400, 401, 413 or 415), written by the receiver at most every few seconds. It is
+	// separate from Ready, which is about the provider's configuration: a Ready provider
+	// whose senders' payloads lack a routed field shows it here. It never holds a payload,
+	// a value from one, or a secret.
+	// +optional
+	LastRejection *DeliveryRejection `json:"lastRejection,omitempty"`
+
 	// conditions: Ready is True when the secret exists and parses and every route is valid.
 	// +optional
 	// +listType=map
@@ -480,6 +488,76 @@ type WebhookProviderStatus struct {
 	// +patchStrategy=merge
 	// +patchMergeKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// Rejection reasons of status.lastRejection: a closed set. The first five are refusals
+// of a delivery whose signature verified (the sender's payload does not fit the
+// routes); the last three are refusals before or of the signature, which anyone who
+// can reach the endpoint can cause.
+const (
+	// RejectionMissingField: a field the provider's routes read is absent (path named).
+	RejectionMissingField = "MissingField"
+	// RejectionInvalidField: a field is present but not usable (wrong type, too long,
+	// not a job state...); the path is named, the value never.
+	RejectionInvalidField = "InvalidField"
+	// RejectionWhenFailed: a route's or operation's when condition could not be
+	// evaluated on the payload; the path names the condition's field in the spec.
+	RejectionWhenFailed = "WhenEvaluationFailed"
+	// RejectionMalformedJSON: the signed body is not JSON.
+	RejectionMalformedJSON = "MalformedJSON"
+	// RejectionInvalidEvent: any other content problem (duplicate settlement keys in
+	// one event, too many facts, refused by the CRD's validation).
+	RejectionInvalidEvent = "InvalidEvent"
+	// RejectionInvalidSignature: 401, the signature is missing, stale or does not match.
+	RejectionInvalidSignature = "InvalidSignature"
+	// RejectionUnsupportedMediaType: 415, the Content-Type is not JSON.
+	RejectionUnsupportedMediaType = "UnsupportedMediaType"
+	// RejectionPayloadTooLarge: 413, the body exceeds the receiver's limit.
+	RejectionPayloadTooLarge = "PayloadTooLarge"
+)
+
+// DeliveryRejection summarizes the latest kind of refused delivery. Counts are "at
+// least": each receiver replica aggregates in memory and adds its count with an
+// optimistic-lock patch; a replica that stops between flushes loses its unflushed
+// count (the receiver's requests metric has every refusal).
+type DeliveryRejection struct {
+	// reason is the kind of refusal: MissingField, InvalidField, WhenEvaluationFailed,
+	// MalformedJSON, InvalidEvent (the signature verified); InvalidSignature,
+	// UnsupportedMediaType, PayloadTooLarge (unauthenticated).
+	// +required
+	// +kubebuilder:validation:Enum=MissingField;InvalidField;WhenEvaluationFailed;MalformedJSON;InvalidEvent;InvalidSignature;UnsupportedMediaType;PayloadTooLarge
+	Reason string `json:"reason"`
+
+	// path is the JSON path of the payload field (or the spec field of the when
+	// condition) at fault, when there is one.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Path string `json:"path,omitempty"`
+
+	// message says what is wrong, without any value from the payload.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
+
+	// signed is true when the delivery's signature verified: its sender is the real
+	// one. A signed refusal is not replaced by an unsigned one for ten minutes, so
+	// that unauthenticated traffic cannot hide it.
+	// +optional
+	Signed bool `json:"signed,omitempty"`
+
+	// count is how many deliveries were refused for this reason and path since it
+	// became the last rejection (at least; see the type's description).
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Count int64 `json:"count,omitempty"`
+
+	// firstTime is when this reason and path became the last rejection.
+	// +optional
+	FirstTime *metav1.Time `json:"firstTime,omitempty"`
+
+	// lastTime is when the latest such delivery was refused.
+	// +required
+	LastTime metav1.Time `json:"lastTime"`
 }
 
 // WebhookProvider configures one sender of webhooks: how its deliveries are signed,
@@ -493,6 +571,7 @@ type WebhookProviderStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,description="Why it is (not) ready: the Ready condition's reason"
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpointPath`
+// +kubebuilder:printcolumn:name="Last Rejection",type=string,JSONPath=`.status.lastRejection.reason`,priority=1,description="The latest kind of refused delivery (status.lastRejection)"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63",message="WebhookProvider names are limited to 63 characters: they are used as label values and prefix every derived object name"
 type WebhookProvider struct {

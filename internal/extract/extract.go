@@ -39,6 +39,37 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidEvent, fmt.Sprintf(format, args...))
 }
 
+// FieldError is a delivery problem at one field: Path is the payload's JSON path (or,
+// for a when condition, the spec field holding it) and Problem says what is wrong
+// without any value from the payload, so both may be written where on-call looks
+// (the provider's status.lastRejection). Error() keeps the full message the sender is
+// answered with, which may add detail (a quoted, truncated value; cel-go's error).
+// It unwraps to ErrInvalidEvent.
+type FieldError struct {
+	Path    string
+	Problem string
+	// Missing: the field is absent. Condition: a when condition could not be evaluated.
+	Missing, Condition bool
+	message            string
+}
+
+func (e *FieldError) Error() string { return ErrInvalidEvent.Error() + ": " + e.message }
+
+func (e *FieldError) Unwrap() error { return ErrInvalidEvent }
+
+// missingField is the FieldError of an absent field; its message is the one the
+// receiver always answered with.
+func missingField(p fmt.Stringer, what string) error {
+	return &FieldError{Path: p.String(), Problem: what + " is missing", Missing: true,
+		message: fmt.Sprintf("%s is missing (JSON path %s)", what, p)}
+}
+
+// badField is the FieldError of a present field that is not usable; detail (which may
+// quote a truncated value) goes only to the sender's answer.
+func badField(p fmt.Stringer, problem, detail string) error {
+	return &FieldError{Path: p.String(), Problem: problem, message: detail}
+}
+
 var (
 	quantityPattern = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?$`)
 	currencyPattern = regexp.MustCompile(`^[A-Z]{3}$`)
@@ -338,7 +369,7 @@ func (x *Extractor) eventID(h http.Header, doc any) (string, error) {
 			return "", invalid("event ID: %v", err)
 		}
 		if !found || v == "" {
-			return "", invalid("event ID is missing (JSON path %s)", x.eventIDPath)
+			return "", missingField(x.eventIDPath, "event ID")
 		}
 		id = v
 	default:
@@ -409,7 +440,8 @@ func (x *Extractor) Facts(ev *Event, doc any) error {
 				return invalid("operation %d forEach: %v", oi, err)
 			}
 			if !found {
-				return invalid("operation %d forEach: %s is missing", oi, op.forEach)
+				return &FieldError{Path: op.forEach.String(), Problem: fmt.Sprintf("operation %d forEach list is missing", oi), Missing: true,
+					message: fmt.Sprintf("operation %d forEach: %s is missing", oi, op.forEach)}
 			}
 			items = list
 		}
@@ -533,13 +565,14 @@ func requiredString(p payload.Path, doc, item any, what string, maxLen int) (str
 // ErrInvalidEvent naming the field.
 func present(p payload.Path, what string, maxLen int, v string, found bool, err error) (string, error) {
 	if err != nil {
-		return "", invalid("%s: %v", what, err)
+		return "", badField(p, what+" cannot be read as text", fmt.Sprintf("%s: %v", what, err))
 	}
 	if !found || v == "" {
-		return "", invalid("%s is missing (JSON path %s)", what, p)
+		return "", missingField(p, what)
 	}
 	if len(v) > maxLen {
-		return "", invalid("%s is %d bytes long; at most %d are accepted", what, len(v), maxLen)
+		return "", badField(p, fmt.Sprintf("%s is longer than %d bytes", what, maxLen),
+			fmt.Sprintf("%s is %d bytes long; at most %d are accepted", what, len(v), maxLen))
 	}
 	return v, nil
 }
@@ -557,7 +590,7 @@ func (x *Extractor) jobFacts(m *jobMapping, ev *Event, doc, item any) (hooksv1al
 			return f, invalid("completion version: %v", err)
 		}
 		if !found {
-			return f, invalid("completion version is missing (JSON path %s)", m.version)
+			return f, missingField(m.version, "completion version")
 		}
 		f.Version = v
 	case ev.Sequence != nil:
@@ -639,7 +672,7 @@ func (x *Extractor) settlementFacts(m *settlementMapping, doc, item any) (hooksv
 			return f, invalid("amount: %v", err)
 		}
 		if !found {
-			return f, invalid("amount is missing (JSON path %s)", m.amountMinor)
+			return f, missingField(m.amountMinor, "amount")
 		}
 		if minor < 0 {
 			return f, invalid("amount %d is negative; refunds are settlements of type Refund", minor)

@@ -214,3 +214,38 @@ func TestSignedSources(t *testing.T) {
 		})
 	}
 }
+
+// TestFieldError: a missing or unusable field is a FieldError naming the path and the
+// problem, never the value; its message to the sender is unchanged.
+func TestFieldError(t *testing.T) {
+	const value = "cus_value_that_must_not_leak"
+	tests := []struct {
+		name, body, path, problem, message string
+		missing                            bool
+	}{
+		{"missing customer", `{"type":"job.completed","cents":1,"job":{"id":"j1","state":"Succeeded","tokens":"1","model":"m"}}`,
+			".customer", "customer is missing", "customer is missing (JSON path .customer)", true},
+		{"customer too long", `{"type":"job.completed","cents":1,"customer":"` + value + strings.Repeat("x", 300) + `","job":{"id":"j1","state":"Succeeded","tokens":"1","model":"m"}}`,
+			".customer", "customer is longer than 256 bytes", "customer is 328 bytes long", false},
+		{"missing job ID", `{"type":"job.completed","cents":1,"customer":"` + value + `","job":{"state":"Succeeded","tokens":"1","model":"m"}}`,
+			".job.id", "job ID is missing", "job ID is missing (JSON path .job.id)", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := run(t, tt.body)
+			var fe *FieldError
+			if !errors.As(err, &fe) || !errors.Is(err, ErrInvalidEvent) {
+				t.Fatalf("want a FieldError wrapping ErrInvalidEvent, got %v", err)
+			}
+			if fe.Path != tt.path || fe.Problem != tt.problem || fe.Missing != tt.missing {
+				t.Fatalf("got %+v", fe)
+			}
+			if strings.Contains(fe.Path+fe.Problem, value) {
+				t.Fatalf("the path or problem holds a value: %+v", fe)
+			}
+			if !strings.Contains(err.Error(), tt.message) {
+				t.Fatalf("message %q lacks %q", err.Error(), tt.message)
+			}
+		})
+	}
+}

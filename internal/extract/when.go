@@ -2,6 +2,7 @@ package extract
 
 import (
 	"encoding/json"
+	"fmt"
 	"sync"
 
 	"github.com/google/cel-go/cel"
@@ -138,10 +139,12 @@ func (w *condition) holds(doc, item any, spent *uint64) (bool, error) {
 		*spent += *det.ActualCost()
 	}
 	if err != nil {
-		return false, invalid("%s could not be evaluated: %v", w.field, err)
+		return false, &FieldError{Path: w.field, Problem: "the condition could not be evaluated on this payload", Condition: true,
+			message: fmt.Sprintf("%s could not be evaluated: %v", w.field, err)}
 	}
 	if *spent > WhenCostLimit {
-		return false, invalid("%s could not be evaluated: the conditions of this delivery exceed the cost limit of %d together", w.field, WhenCostLimit)
+		return false, &FieldError{Path: w.field, Problem: "the conditions of this delivery exceed the cost limit", Condition: true,
+			message: fmt.Sprintf("%s could not be evaluated: the conditions of this delivery exceed the cost limit of %d together", w.field, WhenCostLimit)}
 	}
 	b, ok := out.Value().(bool)
 	if !ok {

@@ -59,6 +59,11 @@ var (
 		Help: "Archive lookups on a cache miss, by result (hit: answered from the archive; miss: not archived; error: the archive did not answer in time, the delivery was stored anyway).",
 	}, []string{"result"})
 
+	rejectionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_receiver_rejections_total",
+		Help: "Deliveries to a known WebhookProvider refused with 400, 401, 413 or 415, by namespace, provider and reason (the closed set of status.lastRejection.reason).",
+	}, []string{"namespace", "provider", "reason"})
+
 	signatureSecretIndex = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_receiver_signature_key_matches_total",
 		Help: "Verified deliveries by the WebhookProvider's namespace and name and the index (sorted by Secret key name) of the key that matched; an old key with no matches can be removed.",
@@ -68,7 +73,7 @@ var (
 // MetricCollectors are the receiver's metrics, registered with controller-runtime's
 // registry at start; test/prometheus checks the shipped alerts and dashboard against them.
 func MetricCollectors() []prometheus.Collector {
-	return []prometheus.Collector{requestsTotal, requestDuration, inFlight, throttled, signatureSecretIndex, archiveLookups}
+	return []prometheus.Collector{requestsTotal, requestDuration, inFlight, throttled, signatureSecretIndex, archiveLookups, rejectionsTotal}
 }
 
 func init() { metrics.Registry.MustRegister(MetricCollectors()...) }

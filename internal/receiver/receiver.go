@@ -94,6 +94,9 @@ type Options struct {
 	// (--watch-namespaces). A delivery for another one is our routing's mistake, not
 	// the sender's: it is answered 503 (retried, never lost) with a message saying so.
 	Namespaces map[string]bool
+	// RejectionFlushInterval is how often, at most, a provider's refused deliveries
+	// are written to its status.lastRejection (10s; rejections.go).
+	RejectionFlushInterval time.Duration
 }
 
 // ArchivedReceipts finds archived event receipts (archive.Store).
@@ -134,14 +137,17 @@ func (o *Options) defaults() {
 	def(&o.ShutdownTimeout, 25*time.Second)
 	def(&o.SecretTTL, 30*time.Second)
 	def(&o.ArchiveTimeout, 300*time.Millisecond)
+	def(&o.RejectionFlushInterval, 10*time.Second)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
 }
 
 // The receiver reads providers and events from the cache, creates events, reads
-// signing Secrets by name and records Warning events for conflicting reuse.
+// signing Secrets by name, records Warning events for conflicting reuse and refused
+// deliveries, and patches a provider's status.lastRejection (rejections.go).
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookproviders,verbs=get;list;watch
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookproviders/status,verbs=get;patch
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -157,6 +163,10 @@ type Receiver struct {
 	live     client.Reader
 	recorder recorder.EventRecorder
 	secrets  *secretCache
+	// status patches status.lastRejection (the writer, when it can write status);
+	// rejections aggregates refused deliveries until the next flush.
+	status     client.StatusClient
+	rejections *rejections
 	// tenants bounds each namespace's and provider's deliveries from admission to
 	// answer; slots bounds this replica's deliveries past their body read
 	// (decisions.md "Receiver admission (issue 12)").
@@ -181,8 +191,10 @@ type compiled struct {
 // WebhookEvent (the manager's cache); live must read the API server directly.
 func New(opts Options, cache client.Reader, writer client.Writer, live client.Reader, rec recorder.EventRecorder) *Receiver {
 	opts.defaults()
+	status, _ := writer.(client.StatusClient)
 	return &Receiver{
-		opts: opts, cache: cache, writer: writer, live: live, recorder: rec,
+		opts: opts, cache: cache, writer: writer, live: live, recorder: rec, status: status,
+		rejections: newRejections(opts.RejectionFlushInterval, opts.Now),
 		secrets:    newSecretCache(live, opts.SecretTTL, 5*time.Second, opts.APITimeout),
 		tenants:    newTenantSlots(opts.MaxInFlightPerNamespace, opts.MaxInFlightPerProvider),
 		slots:      make(chan struct{}, opts.MaxInFlight),
@@ -236,6 +248,12 @@ func (r *Receiver) Start(ctx context.Context) error {
 	close(r.listener)
 	logger.Info("receiving webhooks", "address", ln.Addr().String(), "path", PathPrefix+"{namespace}/{provider}")
 
+	rejCtx, stopRejections := context.WithCancel(log.IntoContext(context.WithoutCancel(ctx), logger))
+	rejDone := make(chan struct{})
+	go func() { defer close(rejDone); r.runRejections(rejCtx) }()
+	// After the server's shutdown, so the last deliveries' refusals are flushed too.
+	defer func() { stopRejections(); <-rejDone }()
+
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -259,6 +277,8 @@ type answer struct {
 	event      string
 	message    string
 	retryAfter time.Duration
+	// rejected, when set, is recorded on the provider (rejections.go).
+	rejected *rejection
 }
 
 // delivery is what serve needs to know about a request once handle has answered it.
@@ -281,6 +301,9 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 	ns, name := req.PathValue("namespace"), req.PathValue("provider")
 	d := delivery{namespace: outcomeLabelUnknownValue, provider: outcomeLabelUnknownValue}
 	a := r.handle(req, ns, name, &d)
+	if a.rejected != nil && d.namespace != outcomeLabelUnknownValue {
+		r.rejections.record(types.NamespacedName{Namespace: d.namespace, Name: d.provider}, a.rejected)
+	}
 	requestsTotal.WithLabelValues(d.namespace, d.provider, a.outcome).Inc()
 	requestDuration.WithLabelValues(a.outcome).Observe(time.Since(start).Seconds())
 
@@ -319,8 +342,15 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 		return answer{code: http.StatusMethodNotAllowed, outcome: OutcomeMethodNotAllowed, message: "only POST is accepted"}
 	}
 	if !isJSON(req.Header.Get("Content-Type")) {
-		return answer{code: http.StatusUnsupportedMediaType, outcome: OutcomeUnsupportedType,
-			message: "Content-Type must be application/json"}
+		a := answer{code: http.StatusUnsupportedMediaType, outcome: OutcomeUnsupportedType,
+			message: "Content-Type must be application/json", rejected: rejectMediaType}
+		// Recorded only for a provider the cache knows (a cached read, no API call).
+		if r.opts.Namespaces == nil || r.opts.Namespaces[ns] {
+			if r.cache.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &hooksv1alpha1.WebhookProvider{}) == nil {
+				d.namespace, d.provider = ns, name
+			}
+		}
+		return a
 	}
 
 	// 2. Provider, from the informer cache: an unknown provider costs no API call and
@@ -366,7 +396,7 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 		switch {
 		case errors.As(err, &tooLarge):
 			return answer{code: http.StatusRequestEntityTooLarge, outcome: OutcomeTooLarge,
-				message: fmt.Sprintf("body exceeds %d bytes", r.opts.MaxBodyBytes)}
+				message: fmt.Sprintf("body exceeds %d bytes", r.opts.MaxBodyBytes), rejected: rejectTooLarge}
 		case isTimeout(err):
 			return answer{code: http.StatusRequestTimeout, outcome: OutcomeBodyTimeout,
 				message: fmt.Sprintf("the body did not arrive within %s; nothing was stored, send it again", r.opts.BodyReadTimeout)}
@@ -394,7 +424,8 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	// 7. Parse, identify, route.
 	doc, err := payload.Decode(body)
 	if err != nil {
-		return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: "malformed JSON: " + err.Error()}
+		return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: "malformed JSON: " + err.Error(),
+			rejected: rejectMalformedJSON}
 	}
 	ev, err := c.x.Identify(req.Header, body, doc)
 	if err != nil {
@@ -451,7 +482,8 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 		return r.compare(ctx, &provider, &existing, ev)
 	case apierrors.IsInvalid(err):
 		// The content passed our checks but not the CRD's: a delivery problem, named.
-		return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: invalidMessage(err)}
+		return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: invalidMessage(err),
+			rejected: signedRejection(err)}
 	default:
 		logger.Error(err, "storing the event failed", "event", eventName)
 		return r.unavailable("the event could not be stored")
@@ -511,8 +543,9 @@ func (r *Receiver) unavailable(msg string) answer {
 		message: msg + "; nothing was acknowledged, retry later", retryAfter: r.opts.RetryAfter}
 }
 
+// badRequest answers a content problem of a verified delivery.
 func badRequest(err error) answer {
-	return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: err.Error()}
+	return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: err.Error(), rejected: signedRejection(err)}
 }
 
 // verify checks the signature against the provider's secrets, refreshing them once
@@ -551,7 +584,7 @@ func (r *Receiver) verify(ctx context.Context, p *hooksv1alpha1.WebhookProvider,
 	default:
 		// The error names only the failure class (missing, malformed, out of
 		// tolerance, mismatch): never a secret or the body.
-		return res, answer{code: http.StatusUnauthorized, outcome: OutcomeUnauthorized, message: err.Error()}, false
+		return res, answer{code: http.StatusUnauthorized, outcome: OutcomeUnauthorized, message: err.Error(), rejected: rejectSignature}, false
 	}
 }
 

@@ -1,10 +1,13 @@
 package receiver
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -32,13 +35,18 @@ import (
 // recorder) against a real kube-apiserver, and talks to the receiver over real HTTP.
 
 var (
-	env      *envtest.Environment
-	cfg      *rest.Config
-	k8s      client.Client
-	ctx      context.Context
-	cancel   context.CancelFunc
-	baseURL  string
-	creates  atomic.Int64 // WebhookEvent creates the receiver sent to the API server
+	env     *envtest.Environment
+	cfg     *rest.Config
+	k8s     client.Client
+	ctx     context.Context
+	cancel  context.CancelFunc
+	baseURL string
+	creates atomic.Int64 // WebhookEvent creates the receiver sent to the API server
+	// statusPatches counts the receiver's status patches per WebhookProvider
+	// ("ns/name"), so "no write per delivery" is measured.
+	statusPatches sync.Map
+	// logs holds everything the suite's components log, for specs that check a line.
+	logs     lockedBuffer
 	recv     *Receiver
 	mgrCache interface {
 		client.Reader
@@ -51,7 +59,7 @@ func TestReceiver(t *testing.T) {
 }
 
 var _ = BeforeSuite(func() {
-	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
+	logf.SetLogger(zap.New(zap.WriteTo(io.MultiWriter(GinkgoWriter, &logs)), zap.UseDevMode(true)))
 	ctx, cancel = context.WithCancel(context.Background())
 	var err error
 	env, err = testenv.New()
@@ -81,10 +89,17 @@ var _ = BeforeSuite(func() {
 			}
 			return c.Create(ctx, obj, opts...)
 		},
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if _, ok := obj.(*hooksv1alpha1.WebhookProvider); ok && sub == "status" {
+				n, _ := statusPatches.LoadOrStore(obj.GetNamespace()+"/"+obj.GetName(), &atomic.Int64{})
+				n.(*atomic.Int64).Add(1)
+			}
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
 	})
 	recv = New(Options{
 		BindAddress: "127.0.0.1:0", APITimeout: 2 * time.Second, MaxBodyBytes: 64 << 10,
-		RetryAfter: 3 * time.Second, SecretTTL: time.Second,
+		RetryAfter: 3 * time.Second, SecretTTL: time.Second, RejectionFlushInterval: rejectionFlush,
 	}, mgr.GetCache(), writer, mgr.GetAPIReader(), mgr.GetEventRecorder("settlement-receiver"))
 	mgrCache = mgr.GetCache()
 	Expect(WarmCache(ctx, mgr.GetCache())).To(Succeed())
@@ -131,4 +146,25 @@ func plainPost(u, contentType, body string) *http.Response {
 	resp, err := http.Post(u, contentType, strings.NewReader(body))
 	Expect(err).NotTo(HaveOccurred())
 	return resp
+}
+
+// rejectionFlush is the suite receiver's RejectionFlushInterval.
+const rejectionFlush = 2 * time.Second
+
+// lockedBuffer is a bytes.Buffer safe for the loggers' concurrent writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
