@@ -10,6 +10,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -198,9 +199,11 @@ var _ = Describe("the archive (docs/design.md §12)", Ordered, func() {
 		GinkgoHelper()
 		bs = get(bs)
 		base := bs.DeepCopy()
-		bs.Status.Conditions = append(bs.Status.Conditions, metav1.Condition{Type: hooksv1alpha1.ConditionReconciled,
+		// Set, not appended: a pass may have confirmed it already (the first pass runs
+		// when the provider is created, and may come after the charge settled).
+		apimeta.SetStatusCondition(&bs.Status.Conditions, metav1.Condition{Type: hooksv1alpha1.ConditionReconciled,
 			Status: metav1.ConditionTrue, Reason: hooksv1alpha1.ReasonConfirmedByProvider, Message: "confirmed by the test",
-			LastTransitionTime: metav1.Now(), ObservedGeneration: bs.Generation})
+			ObservedGeneration: bs.Generation})
 		Expect(k8s.Status().Patch(ctx, bs, client.MergeFrom(base))).To(Succeed())
 	}
 
