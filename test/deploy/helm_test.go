@@ -31,16 +31,7 @@ const chartKubeVersion = "v1.37.2" // the envtest control plane's
 // with the given values over values.yaml, and returns its objects in a stable order.
 func renderChart(release, namespace string, values map[string]any) []*unstructured.Unstructured {
 	GinkgoHelper()
-	ch, err := loader.Load(filepath.Join(testenv.RepoRoot(), "charts", "settlement-operator"))
-	Expect(err).NotTo(HaveOccurred())
-	Expect(chartutil.IsCompatibleRange(ch.Metadata.KubeVersion, chartKubeVersion)).To(BeTrue(),
-		"the chart's kubeVersion admits the tested Kubernetes")
-	caps := chartutil.DefaultCapabilities.Copy()
-	caps.KubeVersion = chartutil.KubeVersion{Version: chartKubeVersion, Major: "1", Minor: "37"}
-	vals, err := chartutil.ToRenderValues(ch, values, chartutil.ReleaseOptions{
-		Name: release, Namespace: namespace, Revision: 1, IsInstall: true}, caps)
-	Expect(err).NotTo(HaveOccurred())
-	files, err := engine.Render(ch, vals)
+	files, err := renderChartE(release, namespace, values)
 	Expect(err).NotTo(HaveOccurred())
 	var out []*unstructured.Unstructured
 	for _, name := range slices.Sorted(maps.Keys(files)) {
@@ -49,6 +40,24 @@ func renderChart(release, namespace string, values map[string]any) []*unstructur
 		}
 	}
 	return out
+}
+
+// renderChartE renders the chart, checking the values against values.schema.json as
+// helm install does, and returns the rendered files by name.
+func renderChartE(release, namespace string, values map[string]any) (map[string]string, error) {
+	GinkgoHelper()
+	ch, err := loader.Load(filepath.Join(testenv.RepoRoot(), "charts", "settlement-operator"))
+	Expect(err).NotTo(HaveOccurred())
+	Expect(chartutil.IsCompatibleRange(ch.Metadata.KubeVersion, chartKubeVersion)).To(BeTrue(),
+		"the chart's kubeVersion admits the tested Kubernetes")
+	caps := chartutil.DefaultCapabilities.Copy()
+	caps.KubeVersion = chartutil.KubeVersion{Version: chartKubeVersion, Major: "1", Minor: "37"}
+	vals, err := chartutil.ToRenderValues(ch, values, chartutil.ReleaseOptions{
+		Name: release, Namespace: namespace, Revision: 1, IsInstall: true}, caps)
+	if err != nil {
+		return nil, err
+	}
+	return engine.Render(ch, vals)
 }
 
 // helmOwned are the labels the chart adds to mark its objects (Helm's conventions and
@@ -154,6 +163,29 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 					"%s differs from config/%s (-kustomize +chart)", objectKey(want), dir)
 			}
 		}
+	})
+
+	It("refuses bad values with an error that names them, before anything is installed", func() {
+		for _, bad := range []struct {
+			values map[string]any
+			says   string
+		}{
+			{map[string]any{"replicas": "two"}, "replicas"},
+			{map[string]any{"replicas": 0}, "replicas"},
+			{map[string]any{"receiver": map[string]any{"admissionWait": "1 second"}}, "admissionWait"},
+			{map[string]any{"receiver": map[string]any{"maxInFlight": -1}}, "maxInFlight"},
+			{map[string]any{"archive": map[string]any{"maxConns": 0}}, "maxConns"},
+			{map[string]any{"image": map[string]any{"pullPolicy": "Sometimes"}}, "pullPolicy"},
+			{map[string]any{"archive": map[string]any{"enabled": true, "secretName": ""}}, "archive.secretName is required"},
+		} {
+			_, err := renderChartE("settlement-operator", operatorNamespace, bad.values)
+			Expect(err).To(MatchError(ContainSubstring(bad.says)), "%v", bad.values)
+		}
+		// The NOTES are rendered with the rest; they name the roles to bind.
+		files, err := renderChartE("settlement-operator", operatorNamespace, nil)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(files).To(HaveKeyWithValue("settlement-operator/templates/NOTES.txt",
+			ContainSubstring("settlement-operator-metrics-reader")))
 	})
 
 	It("applies server-side to the API server with every toggle on, and runs the manager as the chart's ServiceAccount", func() {
