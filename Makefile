@@ -48,6 +48,8 @@ manifests: controller-gen ## Generate CRDs and the manager's ClusterRole from th
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd webhook paths="./..." output:crd:artifacts:config=config/crd/bases
 	@# Join the hard-wrapped doc comments into paragraphs for `kubectl explain`.
 	go run ./hack/reflow-crds config/crd/bases/*.yaml
+	@# Copy the CRDs, manager ClusterRole, record-protection policy and alerting rules into the Helm chart.
+	go run ./hack/chart-sync
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods.
