@@ -601,10 +601,14 @@ var _ = Describe("the archive on real processes (docs/design.md §12)", Ordered,
 					}
 					if i%100 == 0 {
 						// The copy says what the receiver and controllers would have made of it.
-						want := receive(id, jobEvent(job, 2, tokens), true)
+						want := receive(id, jobEvent(job, 2, tokens), false)
 						Expect(ev.Spec.EventID).To(Equal(id))
-						Expect(ev.Spec.JobCompletions).To(Equal(want.JobCompletions))
-						Expect(ev.Spec.Settlements).To(Equal(want.Settlements))
+						Expect(ev.Spec.PayloadHash).To(Equal(want.PayloadHash))
+						// An archived receipt keeps its identity, phase and outcomes, not the
+						// facts the event proposed (migration 0002: each job version and
+						// settlement has its own row): the copy, like its template, has none.
+						Expect(ev.Spec.JobCompletions).To(BeEmpty())
+						Expect(ev.Spec.Settlements).To(BeEmpty())
 						Expect(jc.Spec.JobID).To(Equal(job))
 						Expect(bs.Spec.JobID).To(Equal(job))
 					}
