@@ -125,14 +125,17 @@ type ReconciliationReportStatus struct {
 
 	// discrepancies is the total number of findings.
 	// +optional
+	// +kubebuilder:default=0
 	Discrepancies int32 `json:"discrepancies"`
 
 	// repaired is how many findings an automatic repair was carried out for.
 	// +optional
+	// +kubebuilder:default=0
 	Repaired int32 `json:"repaired"`
 
 	// needsReview is how many findings need a human (ManualReview).
 	// +optional
+	// +kubebuilder:default=0
 	NeedsReview int32 `json:"needsReview"`
 
 	// byType counts findings per type.

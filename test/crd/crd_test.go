@@ -576,8 +576,11 @@ var _ = Describe("what an operator sees", func() {
 			},
 		}
 		Expect(k8s.Create(ctx, rr)).To(Succeed())
+		// As the controller writes it: a merge patch carries only what changed, so the
+		// zero counts are never sent; the CRD's defaults fill them in.
+		base := rr.DeepCopy()
 		rr.Status.Phase = hooksv1alpha1.ReportCompleted
-		Expect(k8s.Status().Update(ctx, rr)).To(Succeed())
+		Expect(k8s.Status().Patch(ctx, rr, client.MergeFrom(base))).To(Succeed())
 		out, errOut, err := runKubectl("get", "reconciliationreports", "-n", ns)
 		Expect(err).NotTo(HaveOccurred(), errOut)
 		Expect(out).To(MatchRegexp(`(?m)^billing-quiet\s+billing\s+\S+\s+Completed\s+0\s+0\s+0\s`))
