@@ -96,17 +96,23 @@ func newRejections(interval time.Duration, now func() time.Time) *rejections {
 	return &rejections{interval: interval, now: now, byKey: map[types.NamespacedName]*providerRejections{}}
 }
 
+// entry is the provider's refusals, made on first use; s.mu must be held.
+func (s *rejections) entry(key types.NamespacedName) *providerRejections {
+	p := s.byKey[key]
+	if p == nil {
+		p = &providerRejections{}
+		s.byKey[key] = p
+	}
+	return p
+}
+
 // record counts a refusal; it never blocks on anything but the map's mutex.
 func (s *rejections) record(key types.NamespacedName, r *rejection) {
 	rejectionsTotal.WithLabelValues(key.Namespace, key.Name, r.reason).Inc()
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.byKey[key]
-	if p == nil {
-		p = &providerRejections{}
-		s.byKey[key] = p
-	}
+	p := s.entry(key)
 	if p.pending == nil {
 		p.pending = map[pendingKey]*pendingRejection{}
 	}
@@ -143,11 +149,7 @@ func (s *rejections) due(final bool) map[types.NamespacedName]map[pendingKey]*pe
 func (s *rejections) restore(key types.NamespacedName, pending map[pendingKey]*pendingRejection) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.byKey[key]
-	if p == nil {
-		p = &providerRejections{}
-		s.byKey[key] = p
-	}
+	p := s.entry(key)
 	if p.pending == nil {
 		p.pending = pending
 		return
