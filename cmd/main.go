@@ -44,6 +44,8 @@ func main() {
 	var (
 		metricsAddr          string
 		probeAddr            string
+		settlementWorkers    int
+		pprofAddr            string
 		enableLeaderElection bool
 		secureMetrics        bool
 		metricsCertDir       string
@@ -62,6 +64,9 @@ func main() {
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443",
 		"Address the metrics endpoint binds to; \"0\" disables it.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address the health probes bind to.")
+	flag.StringVar(&pprofAddr, "pprof-bind-address", "",
+		"Address Go's profiling endpoints (/debug/pprof/) bind to, unauthenticated: loopback only (e.g. 127.0.0.1:8082, "+
+			"then kubectl port-forward); empty: off.")
 	flag.BoolVar(&enableLeaderElection, "leader-elect", false,
 		"Elect a leader for the controllers; the receiver runs on every replica regardless.")
 	flag.BoolVar(&secureMetrics, "metrics-secure", true,
@@ -76,7 +81,9 @@ func main() {
 	flag.BoolVar(&transitionEvents, "transition-events", false,
 		"Record a Normal Kubernetes Event for every routine step of a charge (submitted, settled); warnings, dead letters, replays and supersedes are always recorded.")
 	flag.IntVar(&workers, "max-concurrent-reconciles", 4,
-		"Records each controller works on at once; settlements call the billing provider, so a slow provider must not hold the others back.")
+		"Records each controller works on at once, settlements excepted (--settlement-workers).")
+	flag.IntVar(&settlementWorkers, "settlement-workers", 16,
+		"Settlements worked on at once: each waits on the billing provider (and on the API server around the call), not on this process's CPU.")
 	flag.StringVar(&recvOpts.BindAddress, "receiver-bind-address", ":8090",
 		"Address the webhook receiver binds to (every replica receives).")
 	flag.IntVar(&recvOpts.MaxInFlight, "receiver-max-in-flight", 64,
@@ -127,6 +134,10 @@ func main() {
 	if archiveURL == "" {
 		archiveURL = os.Getenv("ARCHIVE_DATABASE_URL")
 	}
+	if workers < 1 || settlementWorkers < 1 {
+		log.Error(errors.New("--max-concurrent-reconciles and --settlement-workers must be positive"), "invalid flags")
+		os.Exit(2)
+	}
 	if recvOpts.MaxInFlight < 1 || recvOpts.MaxInFlightPerNamespace < 1 || recvOpts.MaxInFlightPerProvider < 1 ||
 		recvOpts.BodyReadTimeout <= 0 || recvOpts.AdmissionWait <= 0 {
 		log.Error(errors.New("--receiver-max-in-flight, --receiver-max-in-flight-per-namespace, --receiver-max-in-flight-per-provider, --receiver-body-read-timeout and --receiver-admission-wait must be positive"), "invalid flags")
@@ -143,6 +154,7 @@ func main() {
 		Scheme:                 scheme,
 		Metrics:                metricsOptions(metricsAddr, secureMetrics, metricsCertDir, tlsOpts),
 		HealthProbeBindAddress: probeAddr,
+		PprofBindAddress:       pprofAddr,
 		// The operator never reads managedFields; they are ~40% of each cached object.
 		Cache:                   cacheOpts,
 		LeaderElection:          enableLeaderElection,
@@ -227,7 +239,7 @@ func main() {
 	// What the settlements' calls learn about each billing provider, shown on it.
 	health := controllers.NewProviderHealth()
 	if err := (&controllers.BillingSettlementReconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: workers, Archive: store,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: settlementWorkers, Archive: store,
 		Recorder: mgr.GetEventRecorder(controllers.BillingSettlementControllerName), TransitionEvents: transitionEvents,
 		Health: health,
 	}).SetupWithManager(mgr); err != nil {

@@ -418,6 +418,11 @@ func (b *run) archivePhase(ctx context.Context, bin string) (err error) {
 	sendStart := time.Now()
 	a.LoadStartSeconds = round(sendStart.Sub(samples.start).Seconds(), 1)
 	go func() { done <- p.run(ctx, t, hc, url, "arc", n) }()
+	var profiles []func() (*Profile, error)
+	if cfg.ProfileSeconds > 0 {
+		profiles = append(profiles, op.startCPUProfile(ctx, "archive sustained", b.profileDir(), cfg.ProfileSeconds),
+			b.startAPIServerProfile(ctx, "archive sustained", cfg.ProfileSeconds))
+	}
 	every := max(1, n/max(1, cfg.ArchiveSamples))
 	nextSample := every
 	tick := time.NewTicker(time.Second)
@@ -472,6 +477,9 @@ func (b *run) archivePhase(ctx context.Context, bin string) (err error) {
 			}
 			lastCheck = time.Now()
 		}
+	}
+	for _, p := range profiles {
+		b.addProfile(p)
 	}
 	sendSeconds := time.Since(sendStart).Seconds()
 	a.FinalTargetPerSecond = round(p.rateNow(), 1)

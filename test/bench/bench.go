@@ -93,6 +93,12 @@ type Config struct {
 	ArchiveRate       float64
 	// ArchiveSamples is how many samples item 6 takes under load (10).
 	ArchiveSamples int
+	// ProfileDir receives the manager's CPU profiles (the work directory).
+	ProfileDir string
+	// ProfileSeconds is how long the manager's CPU is profiled from the start of
+	// item 3's levels and from the start of item 6's sustained load (30s; negative: no
+	// profile).
+	ProfileSeconds time.Duration
 	// Progress receives one line per step (os.Stderr).
 	Progress io.Writer
 }
@@ -114,6 +120,9 @@ func (c *Config) defaults() {
 	}
 	if len(c.LoadFractions) == 0 {
 		c.LoadFractions = []float64{0.25, 0.5, 0.9}
+	}
+	if c.ProfileSeconds == 0 {
+		c.ProfileSeconds = 30 * time.Second
 	}
 	if c.LevelDuration == 0 {
 		c.LevelDuration = time.Second
@@ -278,7 +287,7 @@ func (b *run) archiveOff(ctx context.Context, bin string) error {
 	if b.res.Memory.StartRSSBytes, _, err = rss(op.Pid()); err != nil {
 		return err
 	}
-	if err := b.latency(ctx, op, billing.URL()); err != nil {
+	if err := b.latency(ctx, op, billing); err != nil {
 		return fmt.Errorf("latency: %w", err)
 	}
 	if err := b.memory(ctx, op); err != nil {
@@ -288,8 +297,8 @@ func (b *run) archiveOff(ctx context.Context, bin string) error {
 }
 
 // latency runs item 3 and, over the same events, item 4.
-func (b *run) latency(ctx context.Context, op *operator, billingURL string) error {
-	if err := tenant(ctx, b.k, latencyNamespace, billingURL); err != nil {
+func (b *run) latency(ctx context.Context, op *operator, billing *fakebilling.Server) error {
+	if err := tenant(ctx, b.k, latencyNamespace, billing.URL()); err != nil {
 		return err
 	}
 	if err := waitFor(ctx, 60*time.Second, "the WebhookProvider to be Ready", func() (bool, error) {
@@ -326,6 +335,7 @@ func (b *run) latency(ctx context.Context, op *operator, billingURL string) erro
 	if err != nil {
 		return err
 	}
+	calls0 := billing.Calls()
 	events := 0
 	// Warm-up (not reported): connections, caches, the billing client.
 	warm := b.openLoop(ctx, t, hc, url, "warm", 20, 40)
@@ -359,10 +369,18 @@ func (b *run) latency(ctx context.Context, op *operator, billingURL string) erro
 		}
 		return nil
 	}
+	var profiles []func() (*Profile, error)
+	if b.cfg.ProfileSeconds > 0 {
+		profiles = append(profiles, op.startCPUProfile(ctx, "pipeline", b.profileDir(), b.cfg.ProfileSeconds),
+			b.startAPIServerProfile(ctx, "pipeline", b.cfg.ProfileSeconds))
+	}
 	for _, f := range b.cfg.LoadFractions {
 		if err := level(fmt.Sprintf("%.0f%% of ceiling", f*100), fmt.Sprintf("p%03.0f", f*100), f, f*ceiling, b.cfg.LevelDuration); err != nil {
 			return err
 		}
+	}
+	for _, p := range profiles {
+		b.addProfile(p)
 	}
 	best := 0.0
 	for _, lv := range b.res.Latency.Levels {
@@ -381,11 +399,41 @@ func (b *run) latency(ctx context.Context, op *operator, billingURL string) erro
 	if err := b.cost(ctx, op, w0, e0, events); err != nil {
 		return err
 	}
+	// One settlement per event: what each cost the billing provider.
+	calls := billing.Calls()
+	c := &b.res.Cost
+	c.ProviderPostsPerSettlement = round(float64(calls.Posts-calls0.Posts)/float64(events), 3)
+	c.ProviderLookupsPerSettlement = round(float64(calls.Gets-calls0.Gets)/float64(events), 3)
+	c.ProviderListsDuringPhase = calls.Lists - calls0.Lists
 	if w := b.res.Cost.WritesPerEvent; w > 0 {
 		b.res.Latency.WriteBoundPerSecond = round(ceiling/w, 1)
 		b.res.Latency.PipelineToWriteBound = ratio(best, ceiling/w)
 	}
 	return nil
+}
+
+// profileDir is where CPU profiles are written: Config.ProfileDir, else the work
+// directory.
+func (b *run) profileDir() string {
+	if b.cfg.ProfileDir != "" {
+		return b.cfg.ProfileDir
+	}
+	return b.dir
+}
+
+// addProfile waits for a CPU profile and adds it to the results; a failure is a
+// note, not the end of the run.
+func (b *run) addProfile(wait func() (*Profile, error)) {
+	p, err := wait()
+	if err != nil {
+		b.res.Notes = append(b.res.Notes, err.Error())
+		return
+	}
+	b.res.Profiles = append(b.res.Profiles, *p)
+	if len(p.Flat) > 0 {
+		b.logf("CPU profile of the %s, %s: %.1f CPU-s in %.0f s; top: %s %.1f%%", p.Process, p.Phase, p.SampledCPUSeconds, p.Seconds,
+			p.Flat[0].Function, p.Flat[0].FlatPct)
+	}
 }
 
 // waitFor polls cond every 100ms until it is true, returns an error, or timeout

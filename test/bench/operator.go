@@ -22,10 +22,12 @@ import (
 // receiver, exactly as deployed — so its memory is its own and not the benchmark's.
 type operator struct {
 	cmd         *exec.Cmd
+	bin         string        // the manager binary (for go tool pprof)
 	done        chan struct{} // closed when the process has exited
 	waitErr     error         // its exit status, once done is closed
 	ReceiverURL string
 	MetricsURL  string
+	PprofURL    string
 	LogPath     string
 }
 
@@ -67,7 +69,7 @@ func startOperator(ctx context.Context, env *envtest.Environment, bin, dir, name
 	if err := os.WriteFile(kcPath, kubeconfig, 0o600); err != nil {
 		return nil, err
 	}
-	var addrs [3]string
+	var addrs [4]string
 	for i := range addrs {
 		if addrs[i], err = freePort(); err != nil {
 			return nil, fmt.Errorf("find a free port: %w", err)
@@ -80,7 +82,7 @@ func startOperator(ctx context.Context, env *envtest.Environment, bin, dir, name
 	}
 	// Plain-HTTP metrics on loopback (the benchmark scrapes them as a local process).
 	args := append([]string{"--kubeconfig", kcPath, "--metrics-bind-address", addrs[0], "--metrics-secure=false",
-		"--health-probe-bind-address", addrs[1], "--receiver-bind-address", addrs[2]}, extraArgs...)
+		"--health-probe-bind-address", addrs[1], "--receiver-bind-address", addrs[2], "--pprof-bind-address", addrs[3]}, extraArgs...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), extraEnv...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
@@ -90,8 +92,8 @@ func startOperator(ctx context.Context, env *envtest.Environment, bin, dir, name
 		_ = logFile.Close()
 		return nil, fmt.Errorf("start the manager: %w", err)
 	}
-	op := &operator{cmd: cmd, done: make(chan struct{}), ReceiverURL: "http://" + addrs[2],
-		MetricsURL: "http://" + addrs[0] + "/metrics", LogPath: logPath}
+	op := &operator{cmd: cmd, bin: bin, done: make(chan struct{}), ReceiverURL: "http://" + addrs[2],
+		MetricsURL: "http://" + addrs[0] + "/metrics", PprofURL: "http://" + addrs[3], LogPath: logPath}
 	go func() {
 		op.waitErr = cmd.Wait()
 		_ = logFile.Close()

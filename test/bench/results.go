@@ -29,7 +29,10 @@ type Results struct {
 	Memory          Memory    `json:"memory"`
 	// Archive is item 6, the sustained phase with the archive on (absent when skipped).
 	Archive *ArchivePhase `json:"archive,omitempty"`
-	Notes   []string      `json:"notes,omitempty"`
+	// Profiles are CPU profiles of the manager and the API server while the pipeline
+	// was busy.
+	Profiles []Profile `json:"profiles,omitempty"`
+	Notes    []string  `json:"notes,omitempty"`
 }
 
 // Machine describes where the numbers were taken.
@@ -173,6 +176,13 @@ type Cost struct {
 	// Controllers is, per controller of the manager, what one event cost it over the
 	// whole latency phase (controller_runtime_reconcile_total and _time_seconds).
 	Controllers map[string]ControllerCost `json:"controllers,omitempty"`
+	// ProviderPostsPerSettlement and ProviderLookupsPerSettlement are the billing
+	// provider's POSTs (submissions) and GETs by key (lookups) per settlement, as the
+	// fake provider counted them (1 and 0 on the happy path: a lookup only where money
+	// may have moved); ProviderListsDuringPhase are the reconciliation passes' list calls.
+	ProviderPostsPerSettlement   float64 `json:"providerPostsPerSettlement"`
+	ProviderLookupsPerSettlement float64 `json:"providerLookupsPerSettlement"`
+	ProviderListsDuringPhase     int     `json:"providerListsDuringPhase"`
 }
 
 // ControllerCost is one controller's work per event. Its workers (Workers, the
@@ -548,6 +558,18 @@ func (r *Results) PrintTable(out io.Writer) {
 	if r.Archive != nil {
 		r.Archive.print(w)
 	}
+	for _, p := range r.Profiles {
+		fmt.Fprintf(w, "CPU PROFILE of the %s, %s (%.0f s sampled, %.1f CPU-s; %s)\tflat s\tflat %%\tcum s\tcum %%\n",
+			p.Process, p.Phase, p.Seconds, p.SampledCPUSeconds, p.File)
+		for _, e := range p.Flat {
+			fmt.Fprintf(w, "  %s\t%.2f\t%.1f\t%.2f\t%.1f\n", e.Function, e.FlatSecond, e.FlatPct, e.CumSecond, e.CumPct)
+		}
+		fmt.Fprintf(w, "  by cumulative time:\n")
+		for _, e := range p.Cumulative {
+			fmt.Fprintf(w, "  %s\t%.2f\t%.1f\t%.2f\t%.1f\n", e.Function, e.FlatSecond, e.FlatPct, e.CumSecond, e.CumPct)
+		}
+		fmt.Fprintln(w)
+	}
 	_ = w.Flush()
 	if len(r.Notes) > 0 {
 		fmt.Fprintf(out, "\nnotes:\n  - %s\n", strings.Join(r.Notes, "\n  - "))
@@ -600,6 +622,8 @@ func (r *Results) printArchiveOff(w io.Writer) {
 		}
 	}
 	fmt.Fprintf(w, "  Kubernetes Events stored (until --event-ttl)\t%.0f\n", c.KubernetesEventBytesPerEvent)
+	fmt.Fprintf(w, "  billing provider calls per settlement: POST / GET by key (lists: %d)\t%s / %s\n", c.ProviderListsDuringPhase,
+		f2(c.ProviderPostsPerSettlement), f2(c.ProviderLookupsPerSettlement))
 	fmt.Fprintf(w, "  etcd puts\t%s\n", f2(c.EtcdPutsPerEvent))
 	fmt.Fprintf(w, "  etcd history bytes until compaction (in-use growth)\t%.0f\n", c.EtcdHistoryBytesPerEvent)
 	fmt.Fprintf(w, "  bytes sent to etcd\t%.0f\n", c.EtcdReceivedBytesPerEvent)

@@ -47,3 +47,30 @@ other_metric{a="b"} 1
 		t.Fatalf("labels = %v", s[1].labels)
 	}
 }
+
+func TestParsePprofTop(t *testing.T) {
+	out := []byte(`File: manager
+Type: cpu
+Duration: 30s, Total samples = 21.50s (71.67%)
+Showing nodes accounting for 6.20s, 28.84% of 21.50s total
+Dropped 1200 nodes (cum <= 0.11s)
+Showing top 10 nodes out of 600
+      flat  flat%   sum%        cum   cum%
+     2.10s  9.77%  9.77%      2.10s  9.77%  runtime.memmove
+     1.00s  4.65% 14.42%      5.30s 24.65%  encoding/json.(*decodeState).object
+`)
+	got, total, err := parsePprofTop(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total != 21.5 || len(got) != 2 {
+		t.Fatalf("total %v, %d rows", total, len(got))
+	}
+	want := ProfileEntry{Function: "encoding/json.(*decodeState).object", FlatSecond: 1, FlatPct: 4.65, CumSecond: 5.3, CumPct: 24.65}
+	if got[1] != want {
+		t.Fatalf("row 2: %+v, want %+v", got[1], want)
+	}
+	if _, _, err := parsePprofTop([]byte("nothing")); err == nil {
+		t.Fatal("no rows: want an error")
+	}
+}

@@ -58,7 +58,13 @@ func main() {
 	flag.Float64Var(&cfg.ArchiveLoad, "archive-load", 0.9, "Item 6 runs at this fraction of the sustainable rate the staircase found.")
 	flag.Float64Var(&cfg.ArchiveRate, "archive-rate", 0, "Item 6's delivery rate per second instead of the calibrated one.")
 	flag.IntVar(&cfg.ArchiveSamples, "archive-samples", 10, "Samples item 6 takes under load (plus one before and one after).")
+	flag.DurationVar(&cfg.ProfileSeconds, "profile", 30*time.Second,
+		"Profile the manager's CPU this long from the start of item 3's levels and of item 6's sustained load; 0 or negative: no profile.")
 	flag.Parse()
+	if cfg.ProfileSeconds <= 0 {
+		cfg.ProfileSeconds = -1
+	}
+	cfg.ProfileDir = filepath.Dir(out)
 	if cfg.ArchiveEvents == 0 {
 		cfg.ArchiveEvents = -1
 	}
