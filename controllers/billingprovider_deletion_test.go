@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/controllers"
 	"github.com/settlement-operator/settlement-operator/test/fixtures"
 )
 
@@ -149,6 +150,15 @@ var _ = Describe("deleting a namespace (issue 10, known limit)", func() {
 		var secrets corev1.SecretList
 		Expect(k8s.List(ctx, &secrets, client.InNamespace(ns))).To(Succeed())
 		Expect(secrets.Items).To(BeEmpty(), "Secrets have no finalizer: they go first")
+
+		// The settlement controller keeps a Secret it read for controllers.CredentialTTL (a GET per
+		// TTL, not per call: docs/decisions.md "Throughput"); once that copy expires, its
+		// next retry finds no Secret.
+		Eventually(func(g Gomega) {
+			c := condition(settlementOf(ns, "job-ns-delete").Status.Conditions, hooksv1alpha1.ConditionReady)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Message).To(And(ContainSubstring(fixtures.BillingSecretName), ContainSubstring("not found")))
+		}).WithTimeout(controllers.CredentialTTL + 15*time.Second).Should(Succeed())
 
 		Expect(up()).To(Succeed())
 		bs := settlementOf(ns, "job-ns-delete")

@@ -177,24 +177,35 @@ func secretKeyOf(bp *hooksv1alpha1.BillingProvider) string {
 type observedClient struct {
 	billing.Client
 	bp     *hooksv1alpha1.BillingProvider
-	health *ProviderHealth
+	health *ProviderHealth // nil: not shown
+	// rejected is called on a 401/403 (the credential is read again before the next call).
+	rejected func()
+}
+
+func (c observedClient) observe(err error) {
+	if c.health != nil {
+		c.health.observe(c.bp, err)
+	}
+	if c.rejected != nil && credentialsRejected(err) {
+		c.rejected()
+	}
 }
 
 func (c observedClient) Submit(ctx context.Context, r billing.Request) (billing.Record, error) {
 	rec, err := c.Client.Submit(ctx, r)
-	c.health.observe(c.bp, err)
+	c.observe(err)
 	return rec, err
 }
 
 func (c observedClient) Lookup(ctx context.Context, key string) (billing.Record, bool, error) {
 	rec, found, err := c.Client.Lookup(ctx, key)
-	c.health.observe(c.bp, err)
+	c.observe(err)
 	return rec, found, err
 }
 
 func (c observedClient) List(ctx context.Context, since time.Time, cursor string) ([]billing.Record, string, error) {
 	items, next, err := c.Client.List(ctx, since, cursor)
-	c.health.observe(c.bp, err)
+	c.observe(err)
 	return items, next, err
 }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
@@ -20,13 +21,23 @@ import (
 type providerClients struct {
 	mu      sync.Mutex
 	clients map[string]billing.Client
+	// secrets keeps the credentials' Secrets for CredentialTTL (one GET per Secret
+	// and TTL, not one per settlement).
+	secrets secretReader
 }
 
 func (pc *providerClients) get(ctx context.Context, reader client.Reader,
 	newClient func(billing.HTTPConfig) (billing.Client, error), bp *hooksv1alpha1.BillingProvider,
 	health *ProviderHealth) (billing.Client, error) {
-	// Read on every use, so a Secret that stops opting in is no longer sent.
-	token, err := readCredential(ctx, reader, bp.Namespace, &bp.Spec.CredentialsSecretRef,
+	pc.mu.Lock()
+	if pc.secrets.reader == nil {
+		pc.secrets.reader, pc.secrets.ttl = reader, CredentialTTL
+	}
+	pc.mu.Unlock()
+	// The opt-in is checked on every use (against a copy at most CredentialTTL old),
+	// so a Secret that stops opting in is no longer sent.
+	secretKey := types.NamespacedName{Namespace: bp.Namespace, Name: bp.Spec.CredentialsSecretRef.Name}
+	token, err := readCredential(ctx, &pc.secrets, bp.Namespace, &bp.Spec.CredentialsSecretRef,
 		hooksv1alpha1.CredentialForBilling, bp.Spec.Endpoint)
 	if err != nil {
 		return nil, err
@@ -53,9 +64,8 @@ func (pc *providerClients) get(ctx context.Context, reader client.Reader,
 			delete(pc.clients, k)
 		}
 	}
-	if health != nil {
-		c = observedClient{Client: c, bp: bp.DeepCopy(), health: health}
-	}
+	c = observedClient{Client: c, bp: bp.DeepCopy(), health: health,
+		rejected: func() { pc.secrets.forget(secretKey) }}
 	pc.clients[key] = c
 	return c, nil
 }
