@@ -3,6 +3,8 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -10,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -870,16 +873,102 @@ func (r *WebhookEventReconciler) eventsOfChild(ctx context.Context, obj client.O
 	return reqs
 }
 
-// mirroredStateChanged passes a child's update only when the state its events mirror
-// changes, and its deletion; a child's creation was done (or linked) by the event
-// itself. Without it every status write of a child re-ran all its events.
-func mirroredStateChanged(state func(client.Object) string) predicate.Funcs {
-	return predicate.Funcs{
-		CreateFunc:  func(event.CreateEvent) bool { return false },
-		UpdateFunc:  func(e event.UpdateEvent) bool { return state(e.ObjectOld) != state(e.ObjectNew) },
-		DeleteFunc:  func(event.DeleteEvent) bool { return true },
-		GenericFunc: func(event.GenericEvent) bool { return true },
+// childHandler enqueues a child's events when they have something to write about it
+// (docs/design.md §9: an event's status is written when its operations are decided
+// and when they finish, and when one goes wrong). A child's creation was done (or
+// linked) by the event itself, so it enqueues nothing; its deletion always enqueues.
+// An update enqueues only when the child's health as its events classify it changes
+// (Pending → Submitted does not), and a child that turned out well only once none of
+// the event's other children is still progressing: partial progress is read on the
+// children, not rewritten on every event (issue 14: 3.4 event reconciles per event
+// before, 2 now).
+func (r *WebhookEventReconciler) childHandler(healthOf func(client.Object) health) handler.Funcs {
+	enqueue := func(ctx context.Context, obj client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request], whenDone bool) {
+		for _, req := range r.eventsOfChild(ctx, obj) {
+			if whenDone && !r.othersDone(ctx, req.NamespacedName, obj) {
+				continue
+			}
+			q.Add(req)
+		}
 	}
+	return handler.Funcs{
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			was, is := healthOf(e.ObjectOld), healthOf(e.ObjectNew)
+			if was != is {
+				enqueue(ctx, e.ObjectNew, q, is == healthGood)
+			}
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(ctx, e.Object, q, false)
+		},
+		GenericFunc: func(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(ctx, e.Object, q, false)
+		},
+	}
+}
+
+func childHealthOfJob(o client.Object) health {
+	return operationHealth(hooksv1alpha1.OperationStatus{State: mirroredJobState(o.(*hooksv1alpha1.JobCompletion))})
+}
+
+func childHealthOfSettlement(o client.Object) health {
+	return operationHealth(hooksv1alpha1.OperationStatus{State: mirroredSettlementState(o.(*hooksv1alpha1.BillingSettlement))})
+}
+
+// othersDone reports whether none of the event's children but changed is still
+// progressing, as the cache shows them. Whatever it cannot tell (the event or a
+// child not in the cache) counts as done, so the event is reconciled rather than
+// missed. Of two children finishing at once, the later notification sees the other's
+// new state (an informer updates its store before it notifies), so one enqueues.
+func (r *WebhookEventReconciler) othersDone(ctx context.Context, key types.NamespacedName, changed client.Object) bool {
+	var ev hooksv1alpha1.WebhookEvent
+	if err := r.Get(ctx, key, &ev); err != nil {
+		return true
+	}
+	progressing := func(name string, obj client.Object, h func(client.Object) health) bool {
+		if name == changed.GetName() {
+			return false
+		}
+		if err := r.Get(ctx, types.NamespacedName{Namespace: ev.Namespace, Name: name}, obj); err != nil {
+			return false
+		}
+		return h(obj) == healthProgressing
+	}
+	for _, f := range ev.Spec.JobCompletions {
+		var jc hooksv1alpha1.JobCompletion
+		name := identity.JobCompletionName(ev.Spec.Provider, f.JobID)
+		if progressing(name, &jc, childHealthOfJob) && jc.Spec.Completion.Version <= f.Version {
+			// (A newer version's progress is not this event's: its operation is Superseded.)
+			return false
+		}
+	}
+	for _, f := range ev.Spec.Settlements {
+		var bs hooksv1alpha1.BillingSettlement
+		if progressing(identity.SettlementNameFor(ev.Spec.Provider, f.SettlementKey), &bs, childHealthOfSettlement) {
+			return false
+		}
+	}
+	return true
+}
+
+// notOnlyStatus passes every change of an object but one to its status alone: the
+// event controller writes its events' status itself and reads nothing else there, so
+// its own write must not cost it another reconcile (issue 14: about one per event).
+// Everything it acts on is in the spec (generation), metadata (the replay annotation,
+// labels, finalizers, deletion) or its children, which are watched on their own.
+func notOnlyStatus() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld, e.ObjectNew
+		if o == nil || n == nil {
+			return true
+		}
+		return o.GetGeneration() != n.GetGeneration() ||
+			!maps.Equal(o.GetAnnotations(), n.GetAnnotations()) ||
+			!maps.Equal(o.GetLabels(), n.GetLabels()) ||
+			!slices.Equal(o.GetFinalizers(), n.GetFinalizers()) ||
+			!o.GetDeletionTimestamp().Equal(n.GetDeletionTimestamp()) ||
+			len(o.GetOwnerReferences()) != len(n.GetOwnerReferences())
+	}}
 }
 
 // SetupWithManager registers the controller and its index.
@@ -890,15 +979,9 @@ func (r *WebhookEventReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(WebhookEventControllerName).
-		For(&hooksv1alpha1.WebhookEvent{}).
-		Watches(&hooksv1alpha1.JobCompletion{}, handler.EnqueueRequestsFromMapFunc(r.eventsOfChild),
-			builder.WithPredicates(mirroredStateChanged(func(o client.Object) string {
-				return mirroredJobState(o.(*hooksv1alpha1.JobCompletion))
-			}))).
-		Watches(&hooksv1alpha1.BillingSettlement{}, handler.EnqueueRequestsFromMapFunc(r.eventsOfChild),
-			builder.WithPredicates(mirroredStateChanged(func(o client.Object) string {
-				return mirroredSettlementState(o.(*hooksv1alpha1.BillingSettlement))
-			}))).
+		For(&hooksv1alpha1.WebhookEvent{}, builder.WithPredicates(notOnlyStatus())).
+		Watches(&hooksv1alpha1.JobCompletion{}, r.childHandler(childHealthOfJob)).
+		Watches(&hooksv1alpha1.BillingSettlement{}, r.childHandler(childHealthOfSettlement)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
 		Complete(r)
 }
