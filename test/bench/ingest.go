@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -88,10 +89,26 @@ func (b *run) ingest(ctx context.Context) error {
 		return err
 	}
 
-	var raw, accepted, dup time.Duration
-	var rawLat, accLat, dupLat []time.Duration
+	// The object the receiver stores for a delivery, as a template for raw creates of
+	// the same size and shape: the receiver's own cost is accepted vs these.
+	var template hooksv1alpha1.WebhookEvent
+	if err := b.k.Get(ctx, client.ObjectKey{Namespace: ingestNamespace,
+		Name: identity.EventName(ingestNamespace, providerName, "warm-0")}, &template); err != nil {
+		return fmt.Errorf("read a stored delivery: %w", err)
+	}
+	fullEvent := func(id string) *hooksv1alpha1.WebhookEvent {
+		ev := &hooksv1alpha1.WebhookEvent{ObjectMeta: metav1.ObjectMeta{Namespace: ingestNamespace,
+			Name: identity.EventName(ingestNamespace, providerName, id), Labels: template.Labels,
+			Annotations: template.Annotations}, Spec: *template.Spec.DeepCopy()}
+		ev.Spec.EventID = id
+		ev.Spec.ReceivedAt = metav1.Now()
+		return ev
+	}
+	var raw, rawFull, accepted, dup time.Duration
+	var rawLat, rawFullLat, accLat, dupLat []time.Duration
 	var accWrites, dupWrites writeCounts = writeCounts{}, writeCounts{}
 	total := 0
+	var profiles []string
 	for round := range s.Rounds {
 		base := round * s.PerRound
 		d, err := parallel(s.Senders, s.PerRound, &rawLat, func(i int) error {
@@ -102,13 +119,22 @@ func (b *run) ingest(ctx context.Context) error {
 			return fmt.Errorf("raw creates: %w", err)
 		}
 		raw += d
+		if d, err = parallel(s.Senders, s.PerRound, &rawFullLat, func(i int) error {
+			return b.k.Create(ctx, fullEvent(fmt.Sprintf("full-%d", base+i)))
+		}); err != nil {
+			return fmt.Errorf("raw creates of stored deliveries: %w", err)
+		}
+		rawFull += d
 		w0, err := b.probe.writes(ctx)
 		if err != nil {
 			return err
 		}
-		if d, err = parallel(s.Senders, s.PerRound, &accLat, func(i int) error {
+		stopProfile := b.profileSelf(fmt.Sprintf("receiver-cpu-round-%d.pprof", round+1), &profiles)
+		d, err = parallel(s.Senders, s.PerRound, &accLat, func(i int) error {
 			return post(fmt.Sprintf("evt-%d", base+i), base+i, receiver.OutcomeAccepted)
-		}); err != nil {
+		})
+		stopProfile()
+		if err != nil {
 			return fmt.Errorf("accepted deliveries: %w", err)
 		}
 		accepted += d
@@ -138,8 +164,8 @@ func (b *run) ingest(ctx context.Context) error {
 		addCounts(accWrites, w1.since(w0))
 		addCounts(dupWrites, w3.since(w2))
 		total += s.PerRound
-		b.logf("ingestion round %d/%d: raw %.0f/s, accepted %.0f/s, duplicate %.0f/s (cumulative)", round+1, s.Rounds,
-			float64(total)/raw.Seconds(), float64(total)/accepted.Seconds(), float64(total*s.DuplicatesPerEvent)/dup.Seconds())
+		b.logf("ingestion round %d/%d: raw %.0f/s, raw stored-delivery %.0f/s, accepted %.0f/s, duplicate %.0f/s (cumulative)", round+1, s.Rounds,
+			float64(total)/raw.Seconds(), float64(total)/rawFull.Seconds(), float64(total)/accepted.Seconds(), float64(total*s.DuplicatesPerEvent)/dup.Seconds())
 	}
 	rate := func(n int, d time.Duration) float64 { return round(float64(n)/d.Seconds(), 1) }
 	in := &b.res.Ingestion
@@ -147,11 +173,17 @@ func (b *run) ingest(ctx context.Context) error {
 	in.RawCreatesPerSecond, in.AcceptedPerSecond = rate(total, raw), rate(total, accepted)
 	in.DuplicatesPerSecond = rate(total*s.DuplicatesPerEvent, dup)
 	in.AcceptedToRaw = ratio(in.AcceptedPerSecond, in.RawCreatesPerSecond)
+	in.RawStoredDeliveryPerSecond = rate(total, rawFull)
+	in.AcceptedToRawStoredDelivery = ratio(in.AcceptedPerSecond, in.RawStoredDeliveryPerSecond)
+	in.RawStoredDeliveryLatency = percentiles(rawFullLat)
 	in.DuplicateToAccepted = ratio(in.DuplicatesPerSecond, in.AcceptedPerSecond)
 	in.RawCreateLatency, in.AcceptedLatency, in.DuplicateLatency = percentiles(rawLat), percentiles(accLat), percentiles(dupLat)
 	in.WritesPerAccepted = round(accWrites.total(true)/float64(total), 3)
 	in.WritesPerDuplicate = round(dupWrites.total(true)/float64(total*s.DuplicatesPerEvent), 3)
 	b.rawCreateP50 = in.RawCreateLatency.P50
+	if len(profiles) > 0 {
+		b.summarizeSelfProfile(ctx, profiles, accepted)
+	}
 
 	// The operator must not dispatch these events: delete them (envtest runs no
 	// namespace controller, so deleting the namespace would leave them).

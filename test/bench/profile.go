@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -103,27 +104,70 @@ func startProfile(ctx context.Context, hc *http.Client, base, bin, phase, proces
 		}
 		p := &Profile{Process: process, Phase: phase, Seconds: d.Seconds(), File: file}
 		var err error
-		if p.Flat, p.SampledCPUSeconds, err = pprofTop(ctx, bin, file, false); err != nil {
+		if p.Flat, p.SampledCPUSeconds, err = pprofTop(ctx, bin, []string{file}, false); err != nil {
 			return nil, err
 		}
-		if p.Cumulative, _, err = pprofTop(ctx, bin, file, true); err != nil {
+		if p.Cumulative, _, err = pprofTop(ctx, bin, []string{file}, true); err != nil {
 			return nil, err
 		}
 		return p, nil
 	}
 }
 
-// pprofTop runs `go tool pprof -top` on a profile and parses its ten rows, sorted
-// by flat or cumulative time, and the total sampled CPU seconds.
-func pprofTop(ctx context.Context, bin, file string, cum bool) ([]ProfileEntry, float64, error) {
-	args := []string{"tool", "pprof", "-top", "-nodecount=10", "-unit=s"}
+// profileSelf profiles this process's CPU (the in-process receiver of items 1-2, and
+// its senders) into file in the profile directory until the returned function is
+// called; the file is added to files. Off when profiling is.
+func (b *run) profileSelf(file string, files *[]string) func() {
+	if b.cfg.ProfileSeconds <= 0 {
+		return func() {}
+	}
+	path := filepath.Join(b.profileDir(), file)
+	f, err := os.Create(path)
+	if err != nil {
+		b.res.Notes = append(b.res.Notes, "receiver profile: "+err.Error())
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		b.res.Notes = append(b.res.Notes, "receiver profile: "+err.Error())
+		return func() {}
+	}
+	*files = append(*files, path)
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}
+}
+
+// summarizeSelfProfile adds the receiver's profile over the accepted deliveries
+// (every round's, merged), focused on the receiver's own code: where an accepted
+// delivery's time goes beyond the create (the senders share the process).
+func (b *run) summarizeSelfProfile(ctx context.Context, files []string, d time.Duration) {
+	p := &Profile{Process: "receiver (in the benchmark's process)", Phase: "accepted deliveries", Seconds: round(d.Seconds(), 1),
+		File: strings.Join(files, " ")}
+	var err error
+	focus := "-focus=settlement-operator/internal/receiver"
+	if p.Flat, p.SampledCPUSeconds, err = pprofTop(ctx, "", files, false, focus); err == nil {
+		p.Cumulative, _, err = pprofTop(ctx, "", files, true, focus)
+	}
+	if err != nil {
+		b.res.Notes = append(b.res.Notes, "receiver profile: "+err.Error())
+		return
+	}
+	b.res.Profiles = append(b.res.Profiles, *p)
+}
+
+// pprofTop runs `go tool pprof -top` on profiles (merged) and parses its ten rows,
+// sorted by flat or cumulative time, and the total sampled CPU seconds.
+func pprofTop(ctx context.Context, bin string, files []string, cum bool, extra ...string) ([]ProfileEntry, float64, error) {
+	args := append([]string{"tool", "pprof", "-top", "-nodecount=10", "-unit=s"}, extra...)
 	if cum {
 		args = append(args, "-cum")
 	}
 	if bin != "" {
 		args = append(args, bin)
 	}
-	cmd := exec.CommandContext(ctx, "go", append(args, file)...)
+	cmd := exec.CommandContext(ctx, "go", append(args, files...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
