@@ -255,6 +255,18 @@ var _ = Describe("the failure matrix (docs/design.md §9)", func() {
 			}
 			return *jc.Status.AppliedVersion
 		}).Should(Equal(int64(2)))
+		// The job went Applied (v1) → Applied (v2) in one status write: the event that
+		// proposed v2 must still see it applied and finish (it is woken by the
+		// completion's new generation, not only by a change of its state).
+		for _, msg := range []string{"msg_a1", "msg_a2"} {
+			Eventually(func() hooksv1alpha1.EventPhase {
+				ev := &hooksv1alpha1.WebhookEvent{}
+				if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.EventName(ns, "inference", msg)}, ev); err != nil {
+					return ""
+				}
+				return ev.Status.Phase
+			}).Should(Equal(hooksv1alpha1.EventComplete), msg)
+		}
 	})
 
 	It("answers the same event ID with another payload 409 and lets it cause nothing", func() {

@@ -80,7 +80,7 @@ func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		// A stored unrouted event is deduplicated across the archive like any other.
 		if res, gone, cerr := r.checkArchivedReceipt(ctx, &ev); gone || cerr != nil || !res.IsZero() {
 			if !gone {
-				if _, perr := patchStatus(ctx, r.Client, &ev, before, false); perr != nil {
+				if _, perr := patchStatus(ctx, r.Client, &ev, before, true); perr != nil {
 					return ctrl.Result{}, perr
 				}
 			}
@@ -94,7 +94,7 @@ func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		var gone bool
 		if res, gone, err = r.checkArchivedReceipt(ctx, &ev); gone || err != nil || !res.IsZero() {
 			if !gone {
-				if _, perr := patchStatus(ctx, r.Client, &ev, before, false); perr != nil {
+				if _, perr := patchStatus(ctx, r.Client, &ev, before, true); perr != nil {
 					return ctrl.Result{}, perr
 				}
 			}
@@ -111,7 +111,7 @@ func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request
 			return ctrl.Result{}, err
 		}
 	}
-	if _, perr := patchStatus(ctx, r.Client, &ev, before, false); perr != nil {
+	if _, perr := patchStatus(ctx, r.Client, &ev, before, true); perr != nil {
 		return ctrl.Result{}, perr
 	}
 	return res, err
@@ -773,6 +773,11 @@ func operationHealth(op hooksv1alpha1.OperationStatus) health {
 }
 
 func mirroredJobState(jc *hooksv1alpha1.JobCompletion) string {
+	if jc.Status.ObservedGeneration != jc.Generation {
+		// A newer version was proposed and not taken up yet: its state is not the
+		// status's (that one is the previous version's).
+		return string(hooksv1alpha1.JobCompletionPending)
+	}
 	if jc.Status.LastError != "" && jc.Status.State == hooksv1alpha1.JobCompletionPending {
 		return stateRetrying
 	}
@@ -893,6 +898,10 @@ func (r *WebhookEventReconciler) childHandler(healthOf func(client.Object) healt
 	}
 	return handler.Funcs{
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			if e.ObjectOld.GetResourceVersion() == e.ObjectNew.GetResourceVersion() {
+				enqueue(ctx, e.ObjectNew, q, false) // a resync: the safety net for anything missed
+				return
+			}
 			was, is := healthOf(e.ObjectOld), healthOf(e.ObjectNew)
 			if was != is {
 				enqueue(ctx, e.ObjectNew, q, is == healthGood)
@@ -954,6 +963,9 @@ func (r *WebhookEventReconciler) othersDone(ctx context.Context, key types.Names
 // notOnlyStatus passes every change of an object but one to its status alone: the
 // event controller writes its events' status itself and reads nothing else there, so
 // its own write must not cost it another reconcile (issue 14: about one per event).
+// Its writes carry the resourceVersion they were computed from, so one computed from
+// a cache that had not seen the previous write yet conflicts and is redone, instead
+// of being skipped or half-applied with nothing to wake the event again.
 // Everything it acts on is in the spec (generation), metadata (the replay annotation,
 // labels, finalizers, deletion) or its children, which are watched on their own.
 func notOnlyStatus() predicate.Funcs {
@@ -962,7 +974,8 @@ func notOnlyStatus() predicate.Funcs {
 		if o == nil || n == nil {
 			return true
 		}
-		return o.GetGeneration() != n.GetGeneration() ||
+		return o.GetResourceVersion() == n.GetResourceVersion() || // a resync
+			o.GetGeneration() != n.GetGeneration() ||
 			!maps.Equal(o.GetAnnotations(), n.GetAnnotations()) ||
 			!maps.Equal(o.GetLabels(), n.GetLabels()) ||
 			!slices.Equal(o.GetFinalizers(), n.GetFinalizers()) ||
