@@ -31,6 +31,9 @@ type secretReader struct {
 
 	mu      sync.Mutex
 	entries map[types.NamespacedName]cachedSecret
+	// forgotten counts forget calls per key: a read that started before one (and may
+	// carry the token just refused) is not kept.
+	forgotten map[types.NamespacedName]uint64
 }
 
 type cachedSecret struct {
@@ -47,6 +50,7 @@ func (s *secretReader) Get(ctx context.Context, key client.ObjectKey, obj client
 	now := s.clock()
 	s.mu.Lock()
 	e, hit := s.entries[key]
+	epoch := s.forgotten[key]
 	s.mu.Unlock()
 	if hit && now.Sub(e.read) < s.ttl {
 		e.secret.DeepCopyInto(out)
@@ -61,7 +65,9 @@ func (s *secretReader) Get(ctx context.Context, key client.ObjectKey, obj client
 	if s.entries == nil {
 		s.entries = map[types.NamespacedName]cachedSecret{}
 	}
-	s.entries[key] = cachedSecret{secret: fresh.DeepCopy(), read: now}
+	if s.forgotten[key] == epoch {
+		s.entries[key] = cachedSecret{secret: fresh.DeepCopy(), read: now}
+	}
 	s.mu.Unlock()
 	fresh.DeepCopyInto(out)
 	return nil
@@ -76,6 +82,10 @@ func (s *secretReader) List(ctx context.Context, list client.ObjectList, opts ..
 func (s *secretReader) forget(key types.NamespacedName) {
 	s.mu.Lock()
 	delete(s.entries, key)
+	if s.forgotten == nil {
+		s.forgotten = map[types.NamespacedName]uint64{}
+	}
+	s.forgotten[key]++
 	s.mu.Unlock()
 }
 

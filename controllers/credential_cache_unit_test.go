@@ -79,6 +79,38 @@ func TestSecretReaderReadsOncePerTTL(t *testing.T) {
 	}
 }
 
+// blockingReader holds a read until released, to interleave a forget with it.
+type blockingReader struct {
+	countingReader
+	started, release chan struct{}
+}
+
+func (b *blockingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	close(b.started)
+	<-b.release
+	return b.countingReader.Get(ctx, key, obj, opts...)
+}
+
+func TestSecretReaderKeepsNoReadThatStartedBeforeAForget(t *testing.T) {
+	src := &blockingReader{countingReader: countingReader{token: "refused"}, started: make(chan struct{}), release: make(chan struct{})}
+	r := &secretReader{reader: src, ttl: CredentialTTL}
+	key := client.ObjectKey{Namespace: "ns", Name: "billing"}
+	done := make(chan error)
+	go func() { done <- r.Get(context.Background(), key, &corev1.Secret{}) }()
+	<-src.started
+	r.forget(key) // a 401 for the token this read is about to return
+	close(src.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	_, kept := r.entries[key]
+	r.mu.Unlock()
+	if kept {
+		t.Fatal("a read that started before the forget was kept: the refused token would be used for another TTL")
+	}
+}
+
 func TestObservedClientForgetsTheCredentialOnRejection(t *testing.T) {
 	forgot := 0
 	c := observedClient{rejected: func() { forgot++ }}
