@@ -7,6 +7,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"flag"
+	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -133,6 +135,11 @@ func main() {
 
 	if archiveURL == "" {
 		archiveURL = os.Getenv("ARCHIVE_DATABASE_URL")
+	}
+	if pprofAddr != "" && pprofAddr != "0" && !loopback(pprofAddr) {
+		log.Error(fmt.Errorf("--pprof-bind-address %q is not a loopback address", pprofAddr),
+			"the profiling endpoints are unauthenticated: bind them to 127.0.0.1 or [::1] (kubectl port-forward reaches them)")
+		os.Exit(2)
 	}
 	if workers < 1 || settlementWorkers < 1 {
 		log.Error(errors.New("--max-concurrent-reconciles and --settlement-workers must be positive"), "invalid flags")
@@ -316,4 +323,17 @@ func metricsOptions(addr string, secure bool, certDir string, tlsOpts []func(*tl
 		opts.CertDir = certDir
 	}
 	return opts
+}
+
+// loopback reports whether a bind address's host is a loopback address or localhost.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
