@@ -132,8 +132,8 @@ var itemOrder = []hooksv1alpha1.DiscrepancyType{
 	hooksv1alpha1.DiscrepancyProviderSettledLocalPending, hooksv1alpha1.DiscrepancySettlementStuck,
 	hooksv1alpha1.DiscrepancyEventNotComplete, hooksv1alpha1.DiscrepancyAmountMismatch,
 	hooksv1alpha1.DiscrepancyLocalSettledProviderUnknown, hooksv1alpha1.DiscrepancyJobWithoutSettlement,
-	hooksv1alpha1.DiscrepancySettlementWithoutJob, hooksv1alpha1.DiscrepancyEventQuarantined,
-	hooksv1alpha1.DiscrepancyProviderRecordWithoutSettlement,
+	hooksv1alpha1.DiscrepancySettlementWithoutJob, hooksv1alpha1.DiscrepancySettlementWithoutBillingProvider,
+	hooksv1alpha1.DiscrepancyEventQuarantined, hooksv1alpha1.DiscrepancyProviderRecordWithoutSettlement,
 }
 
 // fillItems takes findings round-robin across types, so that a flood of one kind
@@ -241,6 +241,9 @@ func (r *BillingProviderReconciler) compare(ctx context.Context, bp *hooksv1alph
 		}
 	}
 	p.examined["BillingSettlement"] = int32(len(mine))
+	if err := r.orphanedSettlements(ctx, bp.Namespace, settlements.Items, p); err != nil {
+		return err
+	}
 
 	var jobs hooksv1alpha1.JobCompletionList
 	if err := r.List(ctx, &jobs, ns); err != nil {
@@ -412,6 +415,47 @@ func (r *BillingProviderReconciler) addUnlessArchived(ctx context.Context, ns st
 			continue
 		}
 		p.add(c.d)
+	}
+	return nil
+}
+
+// orphanedSettlements reports the namespace's unfinished settlements that name a
+// BillingProvider which does not exist (a typo in a route, a provider deleted before
+// it was protected): no provider's pass compares them and nothing is sent for them,
+// so every pass of their namespace lists them. A finished one (Settled, Failed) names
+// a provider that may be retired on purpose and is not reported.
+func (r *BillingProviderReconciler) orphanedSettlements(ctx context.Context, ns string,
+	settlements []hooksv1alpha1.BillingSettlement, p *passState) error {
+	var providers hooksv1alpha1.BillingProviderList
+	if err := r.List(ctx, &providers, client.InNamespace(ns)); err != nil {
+		return fmt.Errorf("list billing providers: %w", err)
+	}
+	known := map[string]bool{}
+	for _, bp := range providers.Items {
+		known[bp.Name] = true
+	}
+	missing := map[string]bool{} // confirmed live once per pass
+	for i := range settlements {
+		bs := &settlements[i]
+		ref := bs.Spec.BillingProviderRef
+		if known[ref] || bs.Status.State == hooksv1alpha1.SettlementSettled || bs.Status.State == hooksv1alpha1.SettlementFailed {
+			continue
+		}
+		gone, checked := missing[ref]
+		if !checked {
+			// The cache may not have seen a provider created moments ago.
+			gone = !r.existsLive(ctx, ns, ref, &hooksv1alpha1.BillingProvider{})
+			missing[ref] = gone
+		}
+		if !gone {
+			continue
+		}
+		p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancySettlementWithoutBillingProvider,
+			Object: "BillingSettlement/" + bs.Name, Action: hooksv1alpha1.RepairManualReview,
+			Message: truncateMessage(fmt.Sprintf("names BillingProvider %q, which does not exist in %s: nothing is sent for it and no pass "+
+				"compares it; create that provider, or fix the route that made it (kubectl get webhookproviders -n %s) "+
+				"and delete this settlement once nothing was sent (its exposure is %s)",
+				ref, ns, ns, EffectiveExposure(&bs.Status)))})
 	}
 	return nil
 }

@@ -118,6 +118,20 @@ var _ = Describe("reconciliation reports (docs/design.md §7)", func() {
 		Expect(billing.Charges(key(ns, "job-unbilled"))).To(Equal(0), "nothing is charged behind the operator's back")
 	})
 
+	It("reports a settlement that names a BillingProvider which does not exist in a report of its namespace", func() {
+		ns := reconcilingTenant(func(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
+			wp.Spec.Routes[0].Operations[1].Settlement.BillingProviderRef = "billing-typo"
+		})
+		sendOK(ns, "msg_orphan", jobEvent("job-orphan", 1, 5))
+		name := identity.SettlementName("inference", identity.DefaultSettlementKey("inference", "job-orphan"))
+		d := finding(ns, hooksv1alpha1.DiscrepancySettlementWithoutBillingProvider, func(d hooksv1alpha1.Discrepancy) bool {
+			return d.Object == "BillingSettlement/"+name
+		})
+		Expect(d.Action).To(Equal(hooksv1alpha1.RepairManualReview))
+		Expect(d.Message).To(And(ContainSubstring(`"billing-typo"`), ContainSubstring("kubectl")))
+		Expect(settlementOf(ns, "job-orphan").Status.Exposure).To(Equal(hooksv1alpha1.ExposureNone), "nothing was sent")
+	})
+
 	It("reports provider records no local settlement knows, amount mismatches and quarantined events", func() {
 		ns := reconcilingTenant()
 		Expect(billing.Import(billingapi.Record{ID: "pay_stranger", Status: billingapi.StatusSettled, SettlementKey: "elsewhere/1",

@@ -15,7 +15,7 @@ const (
 )
 
 // DiscrepancyType names one question of docs/design.md §7.
-// +kubebuilder:validation:Enum=JobWithoutSettlement;SettlementWithoutJob;SettlementStuck;ProviderSettledLocalPending;LocalSettledProviderUnknown;ProviderRecordWithoutSettlement;EventNotComplete;EventQuarantined;AmountMismatch
+// +kubebuilder:validation:Enum=JobWithoutSettlement;SettlementWithoutJob;SettlementStuck;ProviderSettledLocalPending;LocalSettledProviderUnknown;ProviderRecordWithoutSettlement;EventNotComplete;EventQuarantined;AmountMismatch;SettlementWithoutBillingProvider
 type DiscrepancyType string
 
 const (
@@ -28,6 +28,10 @@ const (
 	DiscrepancyEventNotComplete                DiscrepancyType = "EventNotComplete"
 	DiscrepancyEventQuarantined                DiscrepancyType = "EventQuarantined"
 	DiscrepancyAmountMismatch                  DiscrepancyType = "AmountMismatch"
+	// DiscrepancySettlementWithoutBillingProvider: a settlement names a BillingProvider
+	// that does not exist in its namespace (a typo in a route, a provider deleted), so
+	// no provider's pass compares it; every pass of the namespace reports it.
+	DiscrepancySettlementWithoutBillingProvider DiscrepancyType = "SettlementWithoutBillingProvider"
 )
 
 // RepairAction is what is done about a discrepancy.
