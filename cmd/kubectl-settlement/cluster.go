@@ -168,11 +168,14 @@ func findSettlements(ctx context.Context, cl client.Client, ns string, match fun
 // clusterCommand is how trace and replay start: their flags parsed and checked, the
 // one reference they take (described by what, for the error when it is missing), the
 // namespace and a client.
-func (c *command) clusterCommand(cmd string, args []string, withArchive bool, help, what string) (
+func (c *command) clusterCommand(cmd string, args []string, withArchive bool, help, what string, extra ...func(*flag.FlagSet)) (
 	cf *clusterFlags, ref, ns string, cl client.Client, err error) {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	cf = &clusterFlags{}
 	cf.register(fs, withArchive)
+	for _, add := range extra {
+		add(fs)
+	}
 	pos, set, err := parse(cmd, fs, args, help)
 	if err != nil {
 		return nil, "", "", nil, err

@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -479,5 +480,113 @@ func TestReplay(t *testing.T) {
 	outsider := kubeEnv(t, cfg, "nobody")
 	if r := cli(t, outsider, "replay", failed.Name, "-n", ns); r.code != 1 || !strings.Contains(r.stderr, "not allowed to read BillingSettlement") {
 		t.Fatalf("replay without the role: %d %s", r.code, r.stderr)
+	}
+}
+
+func TestRefund(t *testing.T) {
+	cl, ns, cfg := cluster(t)
+	ctx := context.Background()
+	n := story(t, cl, ns, true) // a settled charge of 12.50 USD, and a refund of 5.00 USD made by hand
+	env := kubeEnv(t, cfg, "")
+	count := func() int {
+		var l hooksv1alpha1.BillingSettlementList
+		if err := cl.List(ctx, &l, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		return len(l.Items)
+	}
+	before := count()
+
+	// Nothing is created for a refusal or a dry run.
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{n.charge}, 2, "give --amount DECIMAL or --full"},
+		{[]string{n.charge, "--amount", "1", "--full"}, 2, "not both"},
+		{[]string{n.charge, "--amount", "12.345"}, 2, "USD has 2 decimals"},
+		{[]string{n.charge, "--amount", "-1"}, 2, "not a plain decimal"},
+		{[]string{n.charge, "--amount", "7.51"}, 1, "7.51 USD is more than is left to refund: it charged 12.50 USD, of which 5.00 USD is refunded already (" + n.refund + ")"},
+		{[]string{n.charge, "--amount", "1", "--refund-id", "a/b"}, 2, "--refund-id"},
+		{[]string{n.charge, "--amount", "1", "--refund-id", "A"}, 2, "lowercase"},
+		{[]string{n.charge, "--amount", "1", "--refund-id", "01"}, 2, "without leading zeros"},
+		{[]string{n.refund, "--amount", "1"}, 1, "it is a Refund, not a Charge"},
+		{[]string{"nope", "--amount", "1"}, 1, `no BillingSettlement in namespace "` + ns + `" matches "nope"`},
+		{[]string{n.charge, "--amount", "5", "--dry-run"}, 0, "would create refund " + ns + "/"},
+	} {
+		r := cli(t, env, append([]string{"refund", "-n", ns}, c.args...)...)
+		out := r.stdout + r.stderr
+		if r.code != c.code || !strings.Contains(out, c.want) {
+			t.Errorf("refund %v: %d %s; want %d and %q", c.args, r.code, out, c.code, c.want)
+		}
+	}
+	if got := count(); got != before {
+		t.Fatalf("refusals and a dry run created %d settlements", got-before)
+	}
+
+	// A partial refund, by the charge's settlement key: created with the names and keys
+	// the operator derives (it would refuse any other), reversing the charge.
+	r := cli(t, env, "refund", n.chargeKey, "--amount", "5", "-n", ns)
+	if r.code != 0 || !strings.Contains(r.stdout, "created refund "+ns+"/") || !strings.Contains(r.stdout, "for 5.00 USD (customer cus_Q2x9") {
+		t.Fatalf("refund: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	key := jcsArray("key", ns, "inference", "refund", n.charge, "1")
+	var refund hooksv1alpha1.BillingSettlement
+	if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: "inference-stl-" + h(key)}, &refund); err != nil {
+		t.Fatalf("the refund under its derived name: %v", err)
+	}
+	want := hooksv1alpha1.BillingSettlementSpec{BillingProviderRef: "billing", SettlementKey: key, IdempotencyKey: "stl_" + hJCS("settlement", ns, key),
+		Type: hooksv1alpha1.SettlementRefund, Reverses: n.charge, Customer: "cus_Q2x9", JobID: "job-7781", WebhookProvider: "inference",
+		Amount: &hooksv1alpha1.Amount{Minor: 500, Currency: "USD"}}
+	if !equality.Semantic.DeepEqual(refund.Spec, want) {
+		t.Fatalf("refund spec\n got %+v\nwant %+v", refund.Spec, want)
+	}
+	if err := controllers.ValidateSettlementIdentity(&refund); err != nil {
+		t.Fatalf("the operator would refuse it: %v", err)
+	}
+
+	// The same command again (a retried script): nothing new, and it says so.
+	r = cli(t, env, "refund", n.charge, "--amount", "5.00", "-n", ns)
+	if r.code != 0 || !strings.Contains(r.stdout, "already exists") || !strings.Contains(r.stdout, "nothing was created") {
+		t.Fatalf("the same refund again: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	// The same refund ID with another amount: refused, pointing at --refund-id.
+	r = cli(t, env, "refund", n.charge, "--amount", "6", "-n", ns)
+	if r.code != 1 || !strings.Contains(r.stderr, `refund ID "1" of billingsettlement `+ns+"/"+n.charge+" already exists") ||
+		!strings.Contains(r.stderr, "with 5.00 USD") || !strings.Contains(r.stderr, "Look at it first") {
+		t.Fatalf("another amount under the same refund ID: %d %s", r.code, r.stderr)
+	}
+	if got := count(); got != before+1 {
+		t.Fatalf("%d settlements created, want 1", got-before)
+	}
+	// A second refund of the same charge needs its own ID; --full takes what is left
+	// (12.50 less the 5.00 by hand and the 5.00 above), and then nothing is.
+	r = cli(t, env, "refund", n.chargeIdem, "--full", "--refund-id", "2", "-n", ns)
+	if r.code != 0 || !strings.Contains(r.stdout, "for 2.50 USD") {
+		t.Fatalf("second refund: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if r := cli(t, env, "refund", n.charge, "--full", "--refund-id", "3", "-n", ns); r.code != 1 || !strings.Contains(r.stderr, "already add up to what it charged (12.50 USD)") {
+		t.Fatalf("a refund of a fully refunded charge: %d %s", r.code, r.stderr)
+	}
+	if got := count(); got != before+2 {
+		t.Fatalf("%d settlements created, want 2", got-before)
+	}
+
+	// An unsettled charge is not refunded (it is voided).
+	pending := &hooksv1alpha1.BillingSettlement{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-stl-" + h("inference/job-9")},
+		Spec: hooksv1alpha1.BillingSettlementSpec{BillingProviderRef: "billing", SettlementKey: "inference/job-9",
+			IdempotencyKey: "stl_" + hJCS("settlement", ns, "inference/job-9"), Type: hooksv1alpha1.SettlementCharge, Customer: "cus_1",
+			Amount: &hooksv1alpha1.Amount{Minor: 100, Currency: "USD"}, WebhookProvider: "inference"}}
+	if err := cl.Create(ctx, pending); err != nil {
+		t.Fatal(err)
+	}
+	if r := cli(t, env, "refund", pending.Name, "--full", "-n", ns); r.code != 1 || !strings.Contains(r.stderr, "not Settled") || !strings.Contains(r.stderr, "Void") {
+		t.Fatalf("refund of an unsettled charge: %d %s", r.code, r.stderr)
+	}
+	// A user who may not create settlements is told what is missing.
+	reader := kubeEnv(t, cfg, "nobody")
+	if r := cli(t, reader, "refund", n.charge, "--full", "--refund-id", "3", "-n", ns); r.code != 1 || !strings.Contains(r.stderr, "not allowed") {
+		t.Fatalf("refund without rights: %d %s", r.code, r.stderr)
 	}
 }

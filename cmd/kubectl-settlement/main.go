@@ -4,12 +4,14 @@
 //	go install github.com/settlement-operator/settlement-operator/cmd/kubectl-settlement@latest
 //	kubectl settlement trace <event-id|job-id|settlement-key|idempotency-key|name> [-n NS] [--provider P]
 //	kubectl settlement replay <settlement-name|settlement-key|idempotency-key> [-n NS]
+//	kubectl settlement refund <charge> (--amount DECIMAL | --full) [--refund-id ID] [-n NS]
 //	kubectl settlement keys <event-id|job-id|settlement-key> [-n NS] [--provider P]
 //	kubectl settlement archive get <settlement-key|idempotency-key|job-id|event-id|name>
 //	kubectl settlement archive list [--customer C] [--state S] [--since T] [--until T] [--limit N]
 //	kubectl settlement archive export --since T [--until T] --format csv|jsonl
 //
-// trace and keys only read; replay patches one annotation, nothing else. The archive
+// trace and keys only read; replay patches one annotation, nothing else; refund
+// creates one compensating settlement, which the operator checks before it sends it. The archive
 // commands (and trace, when an archive is given) read the operator's PostgreSQL archive
 // of finished records (docs/archive.md) through a read-only session, and never write
 // to it. Exit status: 0 done, 1 nothing
@@ -91,6 +93,8 @@ Commands:
                       completion, settlements and their refunds, provider reference,
                       with conditions and timestamps, from the cluster and the archive
   replay <settlement> replay a dead-lettered settlement (sets its replay annotation)
+  refund <charge>     refund a settled charge (--amount DECIMAL or --full): creates the
+                      compensating settlement with its derived name and keys
   keys <id>           the names and keys the operator derives from an event ID, job ID
                       or settlement key
   archive get <ref>   find archived records by settlement key, idempotency key, job ID,
@@ -127,8 +131,10 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 		return c.trace(ctx, args[1:])
 	case "replay":
 		return c.replay(ctx, args[1:])
+	case "refund":
+		return c.refund(ctx, args[1:])
 	default:
-		return usagef("", "unknown command %q: want trace, replay, keys or archive", args[0])
+		return usagef("", "unknown command %q: want trace, replay, refund, keys or archive", args[0])
 	}
 	args = args[1:]
 	if len(args) == 0 {

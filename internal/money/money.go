@@ -1,10 +1,13 @@
 // Package money formats amounts and usage for people: the CHARGE column of
-// `kubectl get billingsettlements` reads "12.50 USD" or "1523 tokens". It never
-// parses or computes money; amounts stay integers in the currency's minor unit
+// `kubectl get billingsettlements` reads "12.50 USD" or "1523 tokens"; and it reads an
+// amount a person types (`kubectl settlement refund --amount 12.50`) into minor units,
+// exactly, never through a float. Amounts stay integers in the currency's minor unit
 // everywhere else (docs/design.md §3).
 package money
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 )
@@ -63,4 +66,53 @@ func absU(v int64) uint64 {
 		return uint64(-(v + 1)) + 1 // no overflow for math.MinInt64
 	}
 	return uint64(v)
+}
+
+// ParseAmount reads a positive decimal in the currency's major unit ("12.50",
+// "12.5", "12") into minor units (1250 for USD): digits, at most one ".", no more
+// decimals than the currency's minor unit has (ISO 4217), no sign, exponent or
+// grouping. Anything else is an error that says what was expected.
+func ParseAmount(s, currency string) (int64, error) {
+	e := Exponent(currency)
+	whole, frac, dotted := strings.Cut(s, ".")
+	bad := func(why string) error {
+		return fmt.Errorf("amount %q: %s (want a positive decimal in %s such as %s)", s, why, currency,
+			FormatAmount(1250*pow10(e)/100, currency))
+	}
+	digits := func(p string) bool {
+		for _, r := range p {
+			if r < '0' || r > '9' {
+				return false
+			}
+		}
+		return true
+	}
+	switch {
+	case whole == "" || !digits(whole) || !digits(frac) || dotted && frac == "":
+		return 0, bad("not a plain decimal")
+	case len(frac) > e:
+		if e == 0 {
+			return 0, bad(currency + " has no minor unit")
+		}
+		return 0, bad(fmt.Sprintf("%s has %d decimals", currency, e))
+	}
+	frac += strings.Repeat("0", e-len(frac))
+	v, err := strconv.ParseInt(whole+frac, 10, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		return 0, bad("too large")
+	} else if err != nil {
+		return 0, bad("not a plain decimal")
+	}
+	if v <= 0 {
+		return 0, bad("not positive")
+	}
+	return v, nil
+}
+
+func pow10(e int) int64 {
+	v := int64(1)
+	for range e {
+		v *= 10
+	}
+	return v
 }

@@ -2,6 +2,7 @@ package money
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -40,6 +41,34 @@ func TestFormatUsage(t *testing.T) {
 	} {
 		if got := FormatUsage(c.quantity, c.unit); got != c.want {
 			t.Errorf("FormatUsage(%q, %q) = %q, want %q", c.quantity, c.unit, got, c.want)
+		}
+	}
+}
+
+func TestParseAmount(t *testing.T) {
+	for _, c := range []struct {
+		in, currency string
+		want         int64
+	}{
+		{"12.50", "USD", 1250}, {"12.5", "USD", 1250}, {"12", "USD", 1200}, {"0.01", "USD", 1},
+		{"500", "JPY", 500}, {"1.234", "KWD", 1234}, {"0012.30", "EUR", 1230},
+		{"92233720368547758.07", "USD", 9223372036854775807},
+	} {
+		got, err := ParseAmount(c.in, c.currency)
+		if err != nil || got != c.want {
+			t.Errorf("ParseAmount(%q, %s) = %d, %v; want %d", c.in, c.currency, got, err, c.want)
+		}
+	}
+	for _, c := range []struct{ in, currency, why string }{
+		{"", "USD", "not a plain decimal"}, {"-1", "USD", "not a plain decimal"}, {"+1", "USD", "not a plain decimal"},
+		{"1e3", "USD", "not a plain decimal"}, {"1,000", "USD", "not a plain decimal"}, {"12.", "USD", "not a plain decimal"},
+		{".5", "USD", "not a plain decimal"}, {"1.2.3", "USD", "not a plain decimal"}, {" 1", "USD", "not a plain decimal"},
+		{"12.345", "USD", "USD has 2 decimals"}, {"1.5", "JPY", "JPY has no minor unit"}, {"0", "USD", "not positive"},
+		{"0.00", "USD", "not positive"}, {"92233720368547758.08", "USD", "too large"},
+	} {
+		_, err := ParseAmount(c.in, c.currency)
+		if err == nil || !strings.Contains(err.Error(), c.why) {
+			t.Errorf("ParseAmount(%q, %s): error %v, want one saying %q", c.in, c.currency, err, c.why)
 		}
 	}
 }
