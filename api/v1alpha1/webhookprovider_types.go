@@ -30,7 +30,8 @@ const (
 
 // SignatureSpec configures how deliveries are authenticated.
 // +kubebuilder:validation:XValidation:rule="self.scheme == 'HMACSHA256' ? has(self.header) : !has(self.header)",message="header is required for scheme HMACSHA256 and not allowed for other schemes (their header names are fixed)"
-// +kubebuilder:validation:XValidation:rule="self.scheme == 'HMACSHA256' || (!has(self.prefix) && !has(self.encoding) && !has(self.timestampHeader))",message="prefix, encoding and timestampHeader only apply to scheme HMACSHA256"
+// +kubebuilder:validation:XValidation:rule="self.scheme == 'HMACSHA256' || (!has(self.prefix) && !has(self.encoding) && !has(self.timestampHeader) && !has(self.signedHeaders))",message="prefix, encoding, timestampHeader and signedHeaders only apply to scheme HMACSHA256"
+// +kubebuilder:validation:XValidation:rule="!has(self.signedHeaders) || self.signedHeaders.all(h, (!has(self.header) || h.lowerAscii() != self.header.lowerAscii()) && (!has(self.timestampHeader) || h.lowerAscii() != self.timestampHeader.lowerAscii()))",message="signedHeaders must not list the signature header or the timestamp header (the timestamp is signed already)"
 // +kubebuilder:validation:XValidation:rule="self.scheme != 'HMACSHA256' || has(self.timestampHeader) || (has(self.insecureAllowReplay) && self.insecureAllowReplay)",message="scheme HMACSHA256 needs timestampHeader: the timestamp is signed with the body and checked against tolerance, so a captured delivery cannot be replayed later; only if the sender cannot send one, set insecureAllowReplay: true and accept that a captured delivery can be replayed forever"
 // +kubebuilder:validation:XValidation:rule="!(has(self.insecureAllowReplay) && self.insecureAllowReplay) || (self.scheme == 'HMACSHA256' && !has(self.timestampHeader))",message="insecureAllowReplay only applies to scheme HMACSHA256 without timestampHeader (every other configuration signs a timestamp)"
 type SignatureSpec struct {
@@ -66,6 +67,19 @@ type SignatureSpec struct {
 	// +kubebuilder:validation:MaxLength=128
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9-]+$`
 	TimestampHeader string `json:"timestampHeader,omitempty"`
+
+	// signedHeaders, for scheme HMACSHA256 only, lists request headers the sender signs
+	// with the body, in this order: the signed content is
+	// "<timestamp>.<value 1>\n<value 2>\n…<body>" (each value followed by a line
+	// break; no timestamp part without timestampHeader). An event ID or type may come
+	// from a header only if it is listed here: CloudEvents binary mode sends them as
+	// ce-id and ce-type. A delivery without one of them is refused (401).
+	// +optional
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MaxLength=128
+	// +kubebuilder:validation:items:Pattern=`^[A-Za-z0-9-]+$`
+	// +listType=atomic
+	SignedHeaders []string `json:"signedHeaders,omitempty"`
 
 	// insecureAllowReplay, for scheme HMACSHA256 only, accepts a sender that signs the
 	// body alone, with no timestamp: a captured delivery then verifies forever, and only
@@ -402,8 +416,8 @@ type RetentionSpec struct {
 // signature would let anyone holding one captured delivery re-type or re-identify it
 // and replay it (docs/design.md §4; decisions.md "Signed fields (issue 12)"). The only
 // header a scheme signs that can identify an event is StandardWebhooks' webhook-id.
-// +kubebuilder:validation:XValidation:rule="!has(self.eventID.header) || (self.signature.scheme == 'StandardWebhooks' && self.eventID.header.lowerAscii() == 'webhook-id')",message="eventID.header is outside the signature: only webhook-id with scheme StandardWebhooks is signed; take the event ID from the payload (jsonPath or derivedFrom), which every scheme signs"
-// +kubebuilder:validation:XValidation:rule="!has(self.eventType.header) || (self.signature.scheme == 'StandardWebhooks' && self.eventType.header.lowerAscii() == 'webhook-id')",message="eventType.header is outside the signature (the only signed header is StandardWebhooks' webhook-id, an ID, not a type), so a captured delivery could be replayed as another event type: take the event type from the payload (jsonPath), which every scheme signs"
+// +kubebuilder:validation:XValidation:rule="!has(self.eventID.header) || (self.signature.scheme == 'StandardWebhooks' && self.eventID.header.lowerAscii() == 'webhook-id') || (self.signature.scheme == 'HMACSHA256' && has(self.signature.signedHeaders) && self.signature.signedHeaders.exists(h, h.lowerAscii() == self.eventID.header.lowerAscii()))",message="eventID.header is outside the signature: only webhook-id with scheme StandardWebhooks, or a header listed in signature.signedHeaders with scheme HMACSHA256, is signed; otherwise take the event ID from the payload (jsonPath or derivedFrom), which every scheme signs"
+// +kubebuilder:validation:XValidation:rule="!has(self.eventType.header) || (self.signature.scheme == 'StandardWebhooks' && self.eventType.header.lowerAscii() == 'webhook-id') || (self.signature.scheme == 'HMACSHA256' && has(self.signature.signedHeaders) && self.signature.signedHeaders.exists(h, h.lowerAscii() == self.eventType.header.lowerAscii()))",message="eventType.header is outside the signature, so a captured delivery could be replayed as another event type: list it in signature.signedHeaders (scheme HMACSHA256, e.g. CloudEvents binary mode's ce-type), or take the event type from the payload (jsonPath), which every scheme signs"
 type WebhookProviderSpec struct {
 	// signature configures authentication of deliveries.
 	// +required

@@ -1106,6 +1106,11 @@ func (in *SettlementMapping) DeepCopy() *SettlementMapping {
 func (in *SignatureSpec) DeepCopyInto(out *SignatureSpec) {
 	*out = *in
 	out.SecretRef = in.SecretRef
+	if in.SignedHeaders != nil {
+		in, out := &in.SignedHeaders, &out.SignedHeaders
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.Tolerance != nil {
 		in, out := &in.Tolerance, &out.Tolerance
 		*out = new(v1.Duration)

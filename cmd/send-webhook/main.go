@@ -30,11 +30,26 @@ func (h headerFlags) Set(v string) error {
 	return nil
 }
 
+// orderedHeaders keeps Name=value flags in the order given: signed headers are signed
+// in that order.
+type orderedHeaders struct{ ordered [][2]string }
+
+func (o *orderedHeaders) String() string { return "" }
+func (o *orderedHeaders) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" || val == "" {
+		return fmt.Errorf("want Name=value, got %q", v)
+	}
+	o.ordered = append(o.ordered, [2]string{k, val})
+	return nil
+}
+
 func main() {
 	var (
 		url, scheme, secret, secretFile, id, data, prefix, encoding, header, tsHeader string
 		skew                                                                          time.Duration
 		headers                                                                       = headerFlags{}
+		signed                                                                        = &orderedHeaders{}
 	)
 	flag.StringVar(&url, "url", "", "receiver URL, e.g. http://127.0.0.1:8090/webhooks/<namespace>/<provider> (required)")
 	flag.StringVar(&scheme, "scheme", signature.SchemeStandardWebhooks, "StandardWebhooks, Stripe or HMACSHA256")
@@ -47,17 +62,20 @@ func main() {
 	flag.StringVar(&encoding, "signature-encoding", "", "HMACSHA256: Hex (default) or Base64")
 	flag.StringVar(&tsHeader, "timestamp-header", "", "HMACSHA256: header carrying the signed unix timestamp")
 	flag.DurationVar(&skew, "clock-skew", 0, "sign with now+skew (e.g. -6m to try an old delivery)")
-	flag.Var(headers, "H", "extra header Name=value (repeatable)")
+	flag.Var(headers, "H", "extra header Name=value (repeatable; not signed)")
+	flag.Var(signed, "signed-header", "HMACSHA256: a header signed with the body, Name=value, in the WebhookProvider's "+
+		"signature.signedHeaders order (repeatable; CloudEvents binary mode: -signed-header ce-id=... -signed-header ce-type=...)")
 	flag.Parse()
 
-	if err := run(url, scheme, secret, secretFile, id, data, header, prefix, encoding, tsHeader, skew, http.Header(headers)); err != nil {
+	if err := run(url, scheme, secret, secretFile, id, data, header, prefix, encoding, tsHeader, skew, http.Header(headers),
+		signed.ordered); err != nil {
 		fmt.Fprintln(os.Stderr, "send-webhook:", err)
 		os.Exit(1)
 	}
 }
 
 func run(url, scheme, secret, secretFile, id, data, header, prefix, encoding, tsHeader string,
-	skew time.Duration, extra http.Header) error {
+	skew time.Duration, extra http.Header, signed [][2]string) error {
 	if url == "" || data == "" {
 		return fmt.Errorf("-url and -data are required (see -h)")
 	}
@@ -84,10 +102,15 @@ func run(url, scheme, secret, secretFile, id, data, header, prefix, encoding, ts
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	cfg := signature.Config{Scheme: scheme, Header: header, Prefix: prefix, Encoding: encoding, TimestampHeader: tsHeader}
+	values := http.Header{}
+	for _, kv := range signed {
+		cfg.SignedHeaders = append(cfg.SignedHeaders, kv[0])
+		values.Set(kv[0], kv[1])
+	}
 	resp, err := sender.Send(ctx, &http.Client{Timeout: 30 * time.Second}, sender.Delivery{
 		URL: url, ID: id, Body: body, Secret: []byte(strings.TrimSpace(secret)), Header: extra,
-		Timestamp: time.Now().Add(skew),
-		Signature: signature.Config{Scheme: scheme, Header: header, Prefix: prefix, Encoding: encoding, TimestampHeader: tsHeader},
+		Timestamp: time.Now().Add(skew), Signature: cfg, Signed: values,
 	})
 	if err != nil {
 		return err

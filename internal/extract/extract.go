@@ -738,11 +738,24 @@ func truncate(s string) string {
 // an unsigned header (decisions.md "Signed fields (issue 12)").
 func checkSignedSources(c *compiler, spec *hooksv1alpha1.WebhookProviderSpec) {
 	scheme := string(spec.Signature.Scheme)
-	signed := signature.SignedIDHeader(scheme)
+	covered := func(header string) bool {
+		if id := signature.SignedIDHeader(scheme); id != "" && strings.EqualFold(header, id) {
+			return true
+		}
+		if scheme != signature.SchemeHMACSHA256 {
+			return false
+		}
+		for _, h := range spec.Signature.SignedHeaders {
+			if strings.EqualFold(header, h) {
+				return true
+			}
+		}
+		return false
+	}
 	for _, f := range []struct{ field, header string }{
 		{"spec.eventID.header", spec.EventID.Header}, {"spec.eventType.header", spec.EventType.Header},
 	} {
-		if f.header != "" && (signed == "" || !strings.EqualFold(f.header, signed)) {
+		if f.header != "" && !covered(f.header) {
 			c.fail("%s: header %s is not covered by the %s signature, so a captured delivery could be replayed with another value; take it from the payload (jsonPath)",
 				f.field, f.header, scheme)
 		}
@@ -756,7 +769,7 @@ func checkSignedSources(c *compiler, spec *hooksv1alpha1.WebhookProviderSpec) {
 func SignatureConfig(s *hooksv1alpha1.SignatureSpec) signature.Config {
 	cfg := signature.Config{
 		Scheme: string(s.Scheme), Header: s.Header, Prefix: s.Prefix,
-		Encoding: string(s.Encoding), TimestampHeader: s.TimestampHeader,
+		Encoding: string(s.Encoding), TimestampHeader: s.TimestampHeader, SignedHeaders: s.SignedHeaders,
 	}
 	if s.Tolerance != nil {
 		cfg.Tolerance = s.Tolerance.Duration

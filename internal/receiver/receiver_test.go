@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/extract"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/signature"
 	"github.com/settlement-operator/settlement-operator/test/sender"
@@ -534,6 +535,83 @@ var _ = Describe("other signature schemes", func() {
 			Signature: signature.Config{Scheme: signature.SchemeHMACSHA256, Header: "X-Signature"}})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(r.Status).To(Equal(http.StatusOK), r.Body)
+	})
+
+	It("takes a CloudEvents binary-mode delivery's ID and type from its signed ce-id and ce-type headers", func() {
+		p := inferenceProvider(ns)
+		p.Spec.Signature = hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeHMACSHA256,
+			SecretRef: hooksv1alpha1.SecretReference{Name: "ce-secret"}, Header: "X-Signature", TimestampHeader: "X-Timestamp",
+			SignedHeaders: []string{"ce-id", "ce-type"}}
+		p.Spec.EventID = hooksv1alpha1.EventIDSource{Header: "ce-id"}
+		p.Spec.EventType = hooksv1alpha1.FieldSource{Header: "ce-type"}
+		// In binary mode the body is the event's data itself.
+		for i := range p.Spec.Routes[0].Operations {
+			op := &p.Spec.Routes[0].Operations[i]
+			if m := op.JobCompletion; m != nil {
+				m.JobID, m.CompletionVersion, m.State, m.CompletedAt, m.Usage.Quantity = ".job_id", ".version", ".state", ".completed_at", ".usage.tokens"
+			}
+			if m := op.Settlement; m != nil {
+				m.JobID, m.Customer, m.Usage.Quantity = ".job_id", ".customer", ".usage.tokens"
+			}
+		}
+		install(p, map[string]string{"key": "ce-hmac-secret"})
+		cfg := extract.SignatureConfig(&p.Spec.Signature)
+		body := `{"job_id":"job-ce","version":1,"state":"succeeded","customer":"cus_1","completed_at":"2026-11-30T12:00:00Z","usage":{"tokens":42}}`
+		signed := http.Header{}
+		signed.Set("ce-id", "ce-evt-1")
+		signed.Set("ce-type", "job.completed")
+		d := sender.Delivery{URL: url(ns, "inference"), Signature: cfg, Secret: []byte("ce-hmac-secret"), Body: []byte(body),
+			Signed: signed, Header: http.Header{"ce-specversion": {"1.0"}, "ce-source": {"/inference"}}}
+		r, err := sender.Send(ctx, nil, d)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(r.Status).To(Equal(http.StatusOK), r.Body)
+		evs := listEvents(ns)
+		Expect(evs).To(HaveLen(1))
+		Expect(evs[0].Spec.EventID).To(Equal("ce-evt-1"))
+		Expect(evs[0].Spec.EventType).To(Equal("job.completed"))
+		Expect(evs[0].Spec.JobCompletions[0].JobID).To(Equal("job-ce"))
+
+		// ce-type is signed: the captured delivery re-typed by its header is refused.
+		h, err := signature.SignWithHeaders(cfg, []byte("ce-hmac-secret"), "", time.Now(), []byte(body), signed)
+		Expect(err).NotTo(HaveOccurred())
+		h.Set("ce-id", "ce-evt-2")
+		h.Set("ce-type", "job.refunded")
+		req, _ := http.NewRequest(http.MethodPost, url(ns, "inference"), strings.NewReader(body))
+		req.Header = h
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		Expect(err).NotTo(HaveOccurred())
+		b, _ := io.ReadAll(resp.Body)
+		Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized), string(b))
+		Expect(string(b)).To(ContainSubstring("signature mismatch"))
+		// And a sender that leaves ce-type out is told it is missing.
+		h.Del("ce-type")
+		req, _ = http.NewRequest(http.MethodPost, url(ns, "inference"), strings.NewReader(body))
+		req.Header = h
+		req.Header.Set("Content-Type", "application/json")
+		resp, err = http.DefaultClient.Do(req)
+		Expect(err).NotTo(HaveOccurred())
+		b, _ = io.ReadAll(resp.Body)
+		Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized), string(b))
+		Expect(string(b)).To(ContainSubstring("ce-type"))
+		Expect(listEvents(ns)).To(HaveLen(1))
+	})
+
+	It("takes a CloudEvents structured-mode delivery as configured JSON paths", func() {
+		p := inferenceProvider(ns)
+		p.Name = "inference-ce"
+		p.Spec.Signature.SecretRef.Name = "inference-ce-secret"
+		p.Spec.EventID = hooksv1alpha1.EventIDSource{JSONPath: ".id"}
+		install(p, map[string]string{"current": swhSecret})
+		body := `{"specversion":"1.0","id":"ce-evt-9","source":"/inference","type":"job.completed","datacontenttype":"application/json",` +
+			`"data":{"job_id":"job-ce9","version":1,"state":"succeeded","customer":"cus_1","completed_at":"2026-11-30T12:00:00Z","usage":{"tokens":7}}}`
+		r := send(ns, "inference-ce", "msg_ce_9", body, func(d *sender.Delivery) { d.ContentType = "application/cloudevents+json" })
+		Expect(r.Status).To(Equal(http.StatusOK), r.Body)
+		var evs hooksv1alpha1.WebhookEventList
+		Expect(k8s.List(ctx, &evs, client.InNamespace(ns), client.MatchingLabels{hooksv1alpha1.LabelProvider: "inference-ce"})).To(Succeed())
+		Expect(evs.Items).To(HaveLen(1))
+		Expect(evs.Items[0].Spec.EventID).To(Equal("ce-evt-9"))
+		Expect(evs.Items[0].Spec.JobCompletions[0].JobID).To(Equal("job-ce9"))
 	})
 
 	It("fans a forEach route out to one settlement per item", func() {

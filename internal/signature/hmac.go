@@ -48,6 +48,11 @@ func verifyHMAC(cfg Config, secrets [][]byte, h http.Header, body []byte, now ti
 		}
 		prefix = strconv.FormatInt(ts.Unix(), 10) + "."
 	}
+	signed, err := signedHeaderValues(cfg, h)
+	if err != nil {
+		return Result{}, err
+	}
+	prefix += signed
 
 	keys, err := usableSecrets(cfg.Scheme, secrets)
 	if err != nil {
@@ -86,13 +91,40 @@ func encodingName(encoding string) string {
 	return encoding
 }
 
-func signHMAC(cfg Config, key []byte, ts time.Time, body []byte) http.Header {
+// signedHeaderValues is the signed headers' part of the signed content: each value
+// followed by a line break, in the configured order. A signed header that is absent
+// or empty is a missing signature: the sender did not sign what we would read.
+func signedHeaderValues(cfg Config, h http.Header) (string, error) {
+	var b strings.Builder
+	for _, name := range cfg.SignedHeaders {
+		v := h.Get(name)
+		if v == "" {
+			return "", fmt.Errorf("%w: signed header %s is empty or absent", ErrMissingSignature, name)
+		}
+		if strings.ContainsAny(v, "\r\n") {
+			return "", fmt.Errorf("%w: signed header %s holds a line break", ErrMalformedSignature, name)
+		}
+		b.WriteString(v)
+		b.WriteByte('\n')
+	}
+	return b.String(), nil
+}
+
+func signHMAC(cfg Config, key []byte, ts time.Time, body []byte, headers http.Header) (http.Header, error) {
 	h := http.Header{}
 	var prefix string
 	if cfg.TimestampHeader != "" {
 		t := strconv.FormatInt(ts.Unix(), 10)
 		h.Set(cfg.TimestampHeader, t)
 		prefix = t + "."
+	}
+	signed, err := signedHeaderValues(cfg, headers)
+	if err != nil {
+		return nil, fmt.Errorf("sign: %w", err)
+	}
+	prefix += signed
+	for _, name := range cfg.SignedHeaders {
+		h.Set(name, headers.Get(name))
 	}
 	mac := macSHA256(key, prefix, body)
 	var encoded string
@@ -102,5 +134,5 @@ func signHMAC(cfg Config, key []byte, ts time.Time, body []byte) http.Header {
 		encoded = hex.EncodeToString(mac)
 	}
 	h.Set(cfg.Header, cfg.Prefix+encoded)
-	return h
+	return h, nil
 }

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -118,6 +119,12 @@ type Config struct {
 	// TimestampHeader, for SchemeHMACSHA256 only, names a header carrying unix
 	// seconds; when set, the signed content is "timestamp.body" and Tolerance applies.
 	TimestampHeader string
+	// SignedHeaders, for SchemeHMACSHA256 only, names request headers whose values are
+	// signed too (CloudEvents binary mode: ce-id, ce-type), so an event ID or type may
+	// be taken from them. The signed content is then
+	// "[timestamp.]value1\nvalue2\n…body": a header value cannot hold a line break, so
+	// where one value ends and the next begins is never ambiguous.
+	SignedHeaders []string
 	// Tolerance bounds the distance between a signed timestamp and now, in both
 	// directions; 0 means DefaultTolerance.
 	Tolerance time.Duration
@@ -128,6 +135,14 @@ type Config struct {
 func (c Config) Validate() error {
 	if c.Tolerance < 0 {
 		return fmt.Errorf("%w: tolerance %s is negative", ErrInvalidConfig, c.Tolerance)
+	}
+	if len(c.SignedHeaders) > 0 && c.Scheme != SchemeHMACSHA256 {
+		return fmt.Errorf("%w: signed headers apply to scheme %s only", ErrInvalidConfig, SchemeHMACSHA256)
+	}
+	for _, name := range c.SignedHeaders {
+		if name == "" || strings.EqualFold(name, c.Header) || strings.EqualFold(name, c.TimestampHeader) {
+			return fmt.Errorf("%w: signed header %q is empty, the signature header or the timestamp header", ErrInvalidConfig, name)
+		}
 	}
 	switch c.Scheme {
 	case SchemeStandardWebhooks, SchemeStripe:
@@ -207,6 +222,12 @@ func Verify(cfg Config, secrets [][]byte, h http.Header, body []byte, now time.T
 // webhook-timestamp too; the other schemes ignore id. The caller sets Content-Type.
 // secret is interpreted as in Verify.
 func Sign(cfg Config, secret []byte, id string, ts time.Time, body []byte) (http.Header, error) {
+	return SignWithHeaders(cfg, secret, id, ts, body, nil)
+}
+
+// SignWithHeaders is Sign for a configuration with SignedHeaders: headers holds their
+// values (each must be present), which are signed and returned with the signature.
+func SignWithHeaders(cfg Config, secret []byte, id string, ts time.Time, body []byte, headers http.Header) (http.Header, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -224,7 +245,7 @@ func Sign(cfg Config, secret []byte, id string, ts time.Time, body []byte) (http
 	case SchemeStripe:
 		return signStripe(key, ts, body), nil
 	default:
-		return signHMAC(cfg, key, ts, body), nil
+		return signHMAC(cfg, key, ts, body, headers)
 	}
 }
 

@@ -377,3 +377,58 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
+
+// CloudEvents binary mode: ce-id and ce-type are signed with the timestamp and the
+// body, so neither can be changed, moved or dropped without the signature failing.
+func TestHMACSignedHeaders(t *testing.T) {
+	cfg := Config{Scheme: SchemeHMACSHA256, Header: "X-Signature", TimestampHeader: "X-Timestamp",
+		SignedHeaders: []string{"ce-id", "ce-type"}}
+	secret := []byte("binary-mode-secret")
+	now := time.Unix(1_800_000_000, 0)
+	body := []byte(`{"job_id":"job-1"}`)
+	values := http.Header{}
+	values.Set("ce-id", "evt-1")
+	values.Set("ce-type", "job.completed")
+	h, err := SignWithHeaders(cfg, secret, "", now, body, values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Get("ce-id") != "evt-1" || h.Get("ce-type") != "job.completed" {
+		t.Fatalf("signed headers not returned: %v", h)
+	}
+	if _, err := Verify(cfg, [][]byte{secret}, h, body, now); err != nil {
+		t.Fatalf("a correctly signed delivery: %v", err)
+	}
+	try := func(name string, mutate func(http.Header), want error) {
+		t.Helper()
+		c := h.Clone()
+		mutate(c)
+		if _, err := Verify(cfg, [][]byte{secret}, c, body, now); !errors.Is(err, want) {
+			t.Errorf("%s: %v, want %v", name, err, want)
+		}
+	}
+	try("another type", func(c http.Header) { c.Set("ce-type", "job.refunded") }, ErrSignatureMismatch)
+	try("another ID", func(c http.Header) { c.Set("ce-id", "evt-2") }, ErrSignatureMismatch)
+	try("no type", func(c http.Header) { c.Del("ce-type") }, ErrMissingSignature)
+	// Moving a character from one value to the next changes the signed content.
+	try("a boundary moved", func(c http.Header) { c.Set("ce-id", "evt-1j"); c.Set("ce-type", "ob.completed") }, ErrSignatureMismatch)
+	// Without signed headers configured, the same signature does not verify (the
+	// content differs), so a sender and a receiver that disagree fail closed.
+	plain := cfg
+	plain.SignedHeaders = nil
+	if _, err := Verify(plain, [][]byte{secret}, h, body, now); !errors.Is(err, ErrSignatureMismatch) {
+		t.Errorf("verified without the signed headers: %v", err)
+	}
+	if _, err := SignWithHeaders(cfg, secret, "", now, body, http.Header{}); !errors.Is(err, ErrMissingSignature) {
+		t.Errorf("signing without the values: %v", err)
+	}
+	for _, bad := range []Config{
+		{Scheme: SchemeStandardWebhooks, SignedHeaders: []string{"ce-id"}},
+		{Scheme: SchemeHMACSHA256, Header: "X-Signature", SignedHeaders: []string{"x-signature"}},
+		{Scheme: SchemeHMACSHA256, Header: "X-Signature", TimestampHeader: "X-Timestamp", SignedHeaders: []string{"X-Timestamp"}},
+	} {
+		if err := bad.Validate(); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("Validate(%+v) = %v, want ErrInvalidConfig", bad, err)
+		}
+	}
+}

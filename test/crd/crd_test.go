@@ -314,7 +314,7 @@ var _ = Describe("WebhookProvider validation", func() {
 
 			p = sampleProvider(ns, "swh-other")
 			p.Spec.EventID = hooksv1alpha1.EventIDSource{Header: "X-Message-Id"}
-			expectInvalid(k8s.Create(ctx, p), "only webhook-id with scheme StandardWebhooks is signed")
+			expectInvalid(k8s.Create(ctx, p), "only webhook-id with scheme StandardWebhooks, or a header listed in signature.signedHeaders")
 
 			p = sampleProvider(ns, "swh-type")
 			p.Spec.EventType = hooksv1alpha1.FieldSource{Header: "X-Event-Type"}
@@ -325,6 +325,28 @@ var _ = Describe("WebhookProvider validation", func() {
 			p.Spec.EventID = hooksv1alpha1.EventIDSource{Header: "Webhook-Id"}
 			Expect(k8s.Create(ctx, p)).To(Succeed())
 			Expect(k8s.Create(ctx, hmac("hmac-ok"))).To(Succeed())
+		})
+
+		It("takes an event ID and type from headers the HMACSHA256 signature lists (CloudEvents binary mode)", func() {
+			p := hmac("ce-binary")
+			p.Spec.Signature.SignedHeaders = []string{"ce-id", "ce-type"}
+			p.Spec.EventID = hooksv1alpha1.EventIDSource{Header: "ce-id"}
+			p.Spec.EventType = hooksv1alpha1.FieldSource{Header: "Ce-Type"}
+			Expect(k8s.Create(ctx, p)).To(Succeed())
+
+			p = hmac("ce-type-unsigned")
+			p.Spec.Signature.SignedHeaders = []string{"ce-id"}
+			p.Spec.EventID = hooksv1alpha1.EventIDSource{Header: "ce-id"}
+			p.Spec.EventType = hooksv1alpha1.FieldSource{Header: "ce-type"}
+			expectInvalid(k8s.Create(ctx, p), "eventType.header is outside the signature")
+
+			p = sampleProvider(ns, "swh-signed-headers")
+			p.Spec.Signature.SignedHeaders = []string{"ce-id"}
+			expectInvalid(k8s.Create(ctx, p), "signedHeaders only apply to scheme HMACSHA256")
+
+			p = hmac("signs-its-signature")
+			p.Spec.Signature.SignedHeaders = []string{"x-signature"}
+			expectInvalid(k8s.Create(ctx, p), "signedHeaders must not list the signature header or the timestamp header")
 		})
 
 		It("requires a signed timestamp for HMACSHA256, or an explicit opt-out that kubectl get shows", func() {

@@ -26,9 +26,14 @@ type Delivery struct {
 	Timestamp time.Time
 	// Body is the JSON payload.
 	Body []byte
+	// Signed holds the values of the headers Signature.SignedHeaders lists (HMACSHA256,
+	// e.g. CloudEvents binary mode's ce-id and ce-type): they are signed and sent.
+	Signed http.Header
 	// Header adds headers after the signature headers (none of them is signed, so the
 	// receiver takes nothing that decides an effect from them).
 	Header http.Header
+	// ContentType is sent as Content-Type (application/json when empty).
+	ContentType string
 }
 
 // Response is the receiver's answer.
@@ -47,7 +52,7 @@ func Send(ctx context.Context, client *http.Client, d Delivery) (Response, error
 	if ts.IsZero() {
 		ts = time.Now()
 	}
-	h, err := signature.Sign(d.Signature, d.Secret, d.ID, ts, d.Body)
+	h, err := signature.SignWithHeaders(d.Signature, d.Secret, d.ID, ts, d.Body, d.Signed)
 	if err != nil {
 		return Response{}, fmt.Errorf("sign delivery: %w", err)
 	}
@@ -61,7 +66,11 @@ func Send(ctx context.Context, client *http.Client, d Delivery) (Response, error
 	for k, vs := range d.Header {
 		req.Header[http.CanonicalHeaderKey(k)] = vs
 	}
-	req.Header.Set("Content-Type", "application/json")
+	ct := d.ContentType
+	if ct == "" {
+		ct = "application/json"
+	}
+	req.Header.Set("Content-Type", ct)
 	resp, err := client.Do(req)
 	if err != nil {
 		return Response{}, fmt.Errorf("post delivery: %w", err)
