@@ -40,6 +40,11 @@ func (o *orderedHeaders) Set(v string) error {
 	if !ok || k == "" || val == "" {
 		return fmt.Errorf("want Name=value, got %q", v)
 	}
+	for _, kv := range o.ordered {
+		if strings.EqualFold(kv[0], k) {
+			return fmt.Errorf("%s is given twice", k)
+		}
+	}
 	o.ordered = append(o.ordered, [2]string{k, val})
 	return nil
 }

@@ -101,8 +101,10 @@ func signedHeaderValues(cfg Config, h http.Header) (string, error) {
 		if v == "" {
 			return "", fmt.Errorf("%w: signed header %s is empty or absent", ErrMissingSignature, name)
 		}
-		if strings.ContainsAny(v, "\r\n") {
-			return "", fmt.Errorf("%w: signed header %s holds a line break", ErrMalformedSignature, name)
+		if strings.ContainsAny(v, "\r\n") || strings.TrimSpace(v) != v {
+			// The receiver reads these values trimmed: a value that trimming would change
+			// is refused rather than signed one way and read another.
+			return "", fmt.Errorf("%w: signed header %s holds a line break or leading or trailing space", ErrMalformedSignature, name)
 		}
 		b.WriteString(v)
 		b.WriteByte('\n')

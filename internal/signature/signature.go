@@ -139,9 +139,14 @@ func (c Config) Validate() error {
 	if len(c.SignedHeaders) > 0 && c.Scheme != SchemeHMACSHA256 {
 		return fmt.Errorf("%w: signed headers apply to scheme %s only", ErrInvalidConfig, SchemeHMACSHA256)
 	}
-	for _, name := range c.SignedHeaders {
+	for i, name := range c.SignedHeaders {
 		if name == "" || strings.EqualFold(name, c.Header) || strings.EqualFold(name, c.TimestampHeader) {
 			return fmt.Errorf("%w: signed header %q is empty, the signature header or the timestamp header", ErrInvalidConfig, name)
+		}
+		for _, earlier := range c.SignedHeaders[:i] {
+			if strings.EqualFold(name, earlier) {
+				return fmt.Errorf("%w: signed header %q is listed twice", ErrInvalidConfig, name)
+			}
 		}
 	}
 	switch c.Scheme {

@@ -410,6 +410,7 @@ func TestHMACSignedHeaders(t *testing.T) {
 	try("another type", func(c http.Header) { c.Set("ce-type", "job.refunded") }, ErrSignatureMismatch)
 	try("another ID", func(c http.Header) { c.Set("ce-id", "evt-2") }, ErrSignatureMismatch)
 	try("no type", func(c http.Header) { c.Del("ce-type") }, ErrMissingSignature)
+	try("a padded type", func(c http.Header) { c.Set("ce-type", " job.completed") }, ErrMalformedSignature)
 	// Moving a character from one value to the next changes the signed content.
 	try("a boundary moved", func(c http.Header) { c.Set("ce-id", "evt-1j"); c.Set("ce-type", "ob.completed") }, ErrSignatureMismatch)
 	// Without signed headers configured, the same signature does not verify (the
@@ -426,6 +427,7 @@ func TestHMACSignedHeaders(t *testing.T) {
 		{Scheme: SchemeStandardWebhooks, SignedHeaders: []string{"ce-id"}},
 		{Scheme: SchemeHMACSHA256, Header: "X-Signature", SignedHeaders: []string{"x-signature"}},
 		{Scheme: SchemeHMACSHA256, Header: "X-Signature", TimestampHeader: "X-Timestamp", SignedHeaders: []string{"X-Timestamp"}},
+		{Scheme: SchemeHMACSHA256, Header: "X-Signature", SignedHeaders: []string{"ce-id", "CE-ID"}},
 	} {
 		if err := bad.Validate(); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("Validate(%+v) = %v, want ErrInvalidConfig", bad, err)

@@ -344,6 +344,10 @@ var _ = Describe("WebhookProvider validation", func() {
 			p.Spec.Signature.SignedHeaders = []string{"ce-id"}
 			expectInvalid(k8s.Create(ctx, p), "signedHeaders only apply to scheme HMACSHA256")
 
+			p = hmac("signs-twice")
+			p.Spec.Signature.SignedHeaders = []string{"ce-id", "CE-ID"}
+			expectInvalid(k8s.Create(ctx, p), "signedHeaders lists a header twice")
+
 			p = hmac("signs-its-signature")
 			p.Spec.Signature.SignedHeaders = []string{"x-signature"}
 			expectInvalid(k8s.Create(ctx, p), "signedHeaders must not list the signature header or the timestamp header")

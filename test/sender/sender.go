@@ -29,8 +29,8 @@ type Delivery struct {
 	// Signed holds the values of the headers Signature.SignedHeaders lists (HMACSHA256,
 	// e.g. CloudEvents binary mode's ce-id and ce-type): they are signed and sent.
 	Signed http.Header
-	// Header adds headers after the signature headers (none of them is signed, so the
-	// receiver takes nothing that decides an effect from them).
+	// Header adds headers that are not signed (the receiver takes nothing that decides
+	// an effect from them); a signature header of the same name wins.
 	Header http.Header
 	// ContentType is sent as Content-Type (application/json when empty).
 	ContentType string
@@ -60,11 +60,12 @@ func Send(ctx context.Context, client *http.Client, d Delivery) (Response, error
 	if err != nil {
 		return Response{}, fmt.Errorf("build request: %w", err)
 	}
-	for k, vs := range h {
-		req.Header[k] = vs
-	}
 	for k, vs := range d.Header {
 		req.Header[http.CanonicalHeaderKey(k)] = vs
+	}
+	// The signature's headers last: an extra header never replaces a signed one.
+	for k, vs := range h {
+		req.Header[k] = vs
 	}
 	ct := d.ContentType
 	if ct == "" {
