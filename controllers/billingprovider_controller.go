@@ -26,6 +26,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
 )
 
 // BillingProviderControllerName names the controller in logs and metrics.
@@ -53,8 +54,9 @@ type BillingProviderReconciler struct {
 	// APIReader reads credentials (Secrets) by name.
 	APIReader client.Reader
 	Recorder  recorder.EventRecorder
-	// NewClient builds a provider client; billing.NewHTTP when nil.
-	NewClient func(cfg billing.HTTPConfig) (billing.Client, error)
+	// NewClient builds a provider client; the registry's adapter of the provider's type
+	// (adapters.New) when nil.
+	NewClient func(adapters.Settings) (billing.Client, error)
 	// Now is the clock (time.Now).
 	Now func() time.Time
 	// Archive, when set, holds the records that left the cluster: the reconciliation

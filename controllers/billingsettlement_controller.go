@@ -21,6 +21,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
 )
 
 // BillingSettlementControllerName names the controller in logs and metrics.
@@ -58,8 +59,9 @@ type BillingSettlementReconciler struct {
 	// (two refunds created at once must see each other).
 	APIReader client.Reader
 	Recorder  recorder.EventRecorder
-	// NewClient builds a provider client; billing.NewHTTP when nil.
-	NewClient func(cfg billing.HTTPConfig) (billing.Client, error)
+	// NewClient builds a provider client; the registry's adapter of the provider's type
+	// (adapters.New) when nil.
+	NewClient func(adapters.Settings) (billing.Client, error)
 	// Now is the clock (time.Now).
 	Now func() time.Time
 	// Random returns a number in [0, 1) for jitter (math/rand/v2 when nil).

@@ -13,6 +13,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
 )
 
 // providerClients caches one billing client per BillingProvider, keyed by its UID,
@@ -27,7 +28,7 @@ type providerClients struct {
 }
 
 func (pc *providerClients) get(ctx context.Context, reader client.Reader,
-	newClient func(billing.HTTPConfig) (billing.Client, error), bp *hooksv1alpha1.BillingProvider,
+	newClient func(adapters.Settings) (billing.Client, error), bp *hooksv1alpha1.BillingProvider,
 	health *ProviderHealth) (billing.Client, error) {
 	pc.mu.Lock()
 	if pc.secrets.reader == nil {
@@ -49,9 +50,9 @@ func (pc *providerClients) get(ctx context.Context, reader client.Reader,
 		return c, nil
 	}
 	if newClient == nil {
-		newClient = billing.NewHTTP
+		newClient = adapters.New // the adapter of bp.Spec.Type
 	}
-	c, err := newClient(billing.HTTPConfig{Endpoint: bp.Spec.Endpoint, Token: token,
+	c, err := newClient(adapters.Settings{Provider: bp.DeepCopy(), Token: token,
 		Timeout: durationOr(bp.Spec.RequestTimeout, defaultRequestTimeout)})
 	if err != nil {
 		return nil, fmt.Errorf("billing provider %s: %w", bp.Name, err)

@@ -1,0 +1,62 @@
+// Package adapters picks a billing provider's adapter by its type
+// (BillingProvider.spec.type) from one registry: a new provider type is a new package
+// implementing billing.Client and one line in the registry below, never edits across
+// the controllers. Each adapter keeps its wire vocabulary (status strings, error
+// codes) to itself and answers in billing's terms (billing.Record, billing.Error).
+package adapters
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+)
+
+// Settings is what an adapter gets: the BillingProvider (its spec says where and how
+// to call), the token read from its credentials Secret (the opt-in already checked)
+// and the request timeout.
+type Settings struct {
+	Provider *hooksv1alpha1.BillingProvider
+	Token    string
+	Timeout  time.Duration
+}
+
+// Factory builds an adapter, validating everything it reads from the spec so a bad
+// BillingProvider is a clear error when it is loaded, not a failed charge.
+type Factory func(Settings) (billing.Client, error)
+
+// registry holds every provider type the operator serves; the CRD's enum of
+// spec.type lists the same (a test keeps them in step).
+var registry = map[hooksv1alpha1.BillingProviderType]Factory{
+	hooksv1alpha1.BillingProviderHTTP: newHTTP,
+}
+
+// New builds the adapter of s.Provider's type ("" is HTTP, the CRD's default).
+func New(s Settings) (billing.Client, error) {
+	t := s.Provider.Spec.Type
+	if t == "" {
+		t = hooksv1alpha1.BillingProviderHTTP
+	}
+	f, ok := registry[t]
+	if !ok {
+		return nil, fmt.Errorf("billing provider type %q has no adapter in this operator (it serves %s)", t, strings.Join(Types(), ", "))
+	}
+	return f(s)
+}
+
+// Types lists the provider types with an adapter, sorted.
+func Types() []string {
+	out := make([]string, 0, len(registry))
+	for t := range registry {
+		out = append(out, string(t))
+	}
+	sort.Strings(out)
+	return out
+}
+
+func newHTTP(s Settings) (billing.Client, error) {
+	return billing.NewHTTP(billing.HTTPConfig{Endpoint: s.Provider.Spec.Endpoint, Token: s.Token, Timeout: s.Timeout})
+}

@@ -1,0 +1,66 @@
+package adapters
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/test/testenv"
+)
+
+func TestNewPicksTheAdapterByType(t *testing.T) {
+	bp := &hooksv1alpha1.BillingProvider{Spec: hooksv1alpha1.BillingProviderSpec{Endpoint: "https://billing.example.com/v1"}}
+	for _, typ := range []hooksv1alpha1.BillingProviderType{"", hooksv1alpha1.BillingProviderHTTP} {
+		bp.Spec.Type = typ
+		c, err := New(Settings{Provider: bp, Token: "t"})
+		if err != nil || c == nil {
+			t.Fatalf("type %q: %v", typ, err)
+		}
+	}
+	bp.Spec.Type = "Carrier-Pigeon"
+	if _, err := New(Settings{Provider: bp}); err == nil || !strings.Contains(err.Error(), `type "Carrier-Pigeon" has no adapter`) ||
+		!strings.Contains(err.Error(), "HTTP") {
+		t.Fatalf("unknown type: %v", err)
+	}
+	bp.Spec.Type, bp.Spec.Endpoint = hooksv1alpha1.BillingProviderHTTP, "ftp://billing.example.com"
+	if _, err := New(Settings{Provider: bp}); err == nil || !strings.Contains(err.Error(), "endpoint") {
+		t.Fatalf("a bad endpoint must fail when the adapter is built: %v", err)
+	}
+}
+
+// The CRD admits exactly the types that have an adapter: no BillingProvider is
+// accepted that the operator cannot serve.
+func TestRegistryMatchesTheCRDEnum(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "crd", "bases", "hooks.settlement.dev_billingproviders.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crd struct {
+		Spec struct {
+			Versions []struct {
+				Schema struct {
+					OpenAPIV3Schema struct {
+						Properties map[string]struct {
+							Properties map[string]struct {
+								Enum []string `json:"enum"`
+							} `json:"properties"`
+						} `json:"properties"`
+					} `json:"openAPIV3Schema"`
+				} `json:"schema"`
+			} `json:"versions"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal(raw, &crd); err != nil {
+		t.Fatal(err)
+	}
+	enum := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"].Properties["type"].Enum
+	slices.Sort(enum)
+	if !slices.Equal(enum, Types()) {
+		t.Fatalf("CRD spec.type enum %v, adapters %v", enum, Types())
+	}
+}
