@@ -80,8 +80,8 @@ func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		// A stored unrouted event is deduplicated across the archive like any other.
 		if res, gone, cerr := r.checkArchivedReceipt(ctx, &ev); gone || cerr != nil || !res.IsZero() {
 			if !gone {
-				if _, perr := patchStatus(ctx, r.Client, &ev, before, true); perr != nil {
-					return ctrl.Result{}, perr
+				if wres, perr := r.writeStatus(ctx, &ev, before); perr != nil || !wres.IsZero() {
+					return wres, perr
 				}
 			}
 			return res, cerr
@@ -94,8 +94,8 @@ func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		var gone bool
 		if res, gone, err = r.checkArchivedReceipt(ctx, &ev); gone || err != nil || !res.IsZero() {
 			if !gone {
-				if _, perr := patchStatus(ctx, r.Client, &ev, before, true); perr != nil {
-					return ctrl.Result{}, perr
+				if wres, perr := r.writeStatus(ctx, &ev, before); perr != nil || !wres.IsZero() {
+					return wres, perr
 				}
 			}
 			return res, err
@@ -111,10 +111,28 @@ func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request
 			return ctrl.Result{}, err
 		}
 	}
-	if _, perr := patchStatus(ctx, r.Client, &ev, before, true); perr != nil {
-		return ctrl.Result{}, perr
+	if wres, perr := r.writeStatus(ctx, &ev, before); perr != nil || !wres.IsZero() {
+		return wres, perr
 	}
 	return res, err
+}
+
+// staleCacheRetry is how soon an event whose status write met a newer version is
+// reconciled again: long enough for the cache to catch up with that version.
+const staleCacheRetry = 100 * time.Millisecond
+
+// writeStatus patches the event's status with the resourceVersion it was computed
+// from. A conflict means the cache had not yet seen the previous write (or a replay
+// annotation came in): the event is redone shortly from a fresh copy, which is not an
+// error for on-call to see in the log.
+func (r *WebhookEventReconciler) writeStatus(ctx context.Context, ev, before *hooksv1alpha1.WebhookEvent) (ctrl.Result, error) {
+	if _, err := patchStatus(ctx, r.Client, ev, before, true); err != nil {
+		if apierrors.IsConflict(err) {
+			return ctrl.Result{RequeueAfter: staleCacheRetry}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, nil
 }
 
 // defaultEventRetention applies when a provider predates the retention field.
