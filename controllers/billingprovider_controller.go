@@ -42,6 +42,9 @@ const (
 	firstWindow = 24 * time.Hour
 	// maxListPages bounds one pass's walk of the provider's list endpoint.
 	maxListPages = 50
+	// continueWalkAfter is how soon a pass whose walk of the provider's list was cut at
+	// maxListPages is followed by the next, which goes on from the cut.
+	continueWalkAfter = 5 * time.Second
 )
 
 // BillingProviderReconciler reports whether a billing backend is usable and runs
@@ -68,10 +71,14 @@ type BillingProviderReconciler struct {
 	// Health, shared with the settlement controller, tells how the latest calls to
 	// each provider went (the ProviderHealthy condition); nil leaves it out.
 	Health *ProviderHealth
+	// MaxListPages caps one pass's walk of the provider's list endpoint (50 pages).
+	MaxListPages int
 
 	clients providerClients
 	// findings remembers each provider's last pass, so new findings are counted once.
 	findings findingMemory
+	// walks keeps each provider's list walk that a pass cut at MaxListPages.
+	walks walkMemory
 }
 
 func (r *BillingProviderReconciler) credentialRecheck() time.Duration {
@@ -157,8 +164,12 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 
 	policy := reconciliationPolicyOf(bp)
 	now := r.now()
+	interval := policy.interval
+	if r.walks.pending(bp.UID) && interval > continueWalkAfter {
+		interval = continueWalkAfter // a cut walk goes on soon, not a whole interval later
+	}
 	if last := bp.Status.LastReconciliation; last != nil {
-		if due := last.Add(policy.interval); now.Before(due) {
+		if due := last.Add(interval); now.Before(due) {
 			return ctrl.Result{RequeueAfter: due.Sub(now)}, nil
 		}
 	}
@@ -179,7 +190,10 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 	if err := r.prune(ctx, bp, policy.keep); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{RequeueAfter: policy.interval}, nil
+	if r.walks.pending(bp.UID) && interval > continueWalkAfter {
+		interval = continueWalkAfter
+	}
+	return ctrl.Result{RequeueAfter: interval}, nil
 }
 
 // applyHealth writes the ProviderHealthy condition from the latest calls and, while
@@ -282,6 +296,7 @@ func (r *BillingProviderReconciler) reconcileDelete(ctx context.Context, bp *hoo
 		}
 		r.Health.forget(bp.UID)
 		r.findings.forget(bp.UID)
+		r.walks.take(bp.UID)
 		ctrl.LoggerFrom(ctx).Info("no settlement holds the billing provider any more; deletion goes ahead")
 		return ctrl.Result{}, nil
 	}

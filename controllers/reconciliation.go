@@ -78,6 +78,57 @@ func (m *findingMemory) forget(uid types.UID) {
 	delete(m.byProvider, uid)
 }
 
+// listWalk is a walk of the provider's list that a pass cut at the page limit: the
+// next pass goes on from its cursor instead of from the start, so a list longer than
+// one pass may walk still ends and the mark (providerListedUntil) advances. Without
+// it, a provider listing more than maxListPages pages between the mark less the
+// overlap and now (5,000 records: 5.6 events/s with the 15-minute overlap) was walked
+// from the same start by every pass, forever, and every settlement past the cut was
+// confirmed by a lookup of its own (docs/decisions.md "Reconciliation walks").
+// The list is ordered by creation time and a record created during the walk sorts
+// after its cursor, so a walk finished over several passes sees what one long pass
+// would have. It lives in memory: after a restart or a change of leader the walk
+// starts again from the mark.
+type listWalk struct {
+	// mark is the providerListedUntil the walk started from (zero before the first
+	// complete walk); since is where it lists from.
+	mark, since time.Time
+	cursor      string
+	// seen holds the idempotency keys of this namespace's records listed so far.
+	seen map[string]bool
+}
+
+type walkMemory struct {
+	mu         sync.Mutex
+	byProvider map[types.UID]*listWalk
+}
+
+// take removes and returns the provider's unfinished walk (nil when there is none).
+func (m *walkMemory) take(uid types.UID) *listWalk {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	w := m.byProvider[uid]
+	delete(m.byProvider, uid)
+	return w
+}
+
+// keep stores an unfinished walk for the provider's next pass.
+func (m *walkMemory) keep(uid types.UID, w *listWalk) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.byProvider == nil {
+		m.byProvider = map[types.UID]*listWalk{}
+	}
+	m.byProvider[uid] = w
+}
+
+// pending says whether the provider has an unfinished walk.
+func (m *walkMemory) pending(uid types.UID) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.byProvider[uid] != nil
+}
+
 // findingID identifies a finding across passes: its type, the object it concerns and
 // the provider's record (for findings with no local object).
 func findingID(d hooksv1alpha1.Discrepancy) uint64 {
@@ -617,34 +668,46 @@ func stuckSince(bs *hooksv1alpha1.BillingSettlement, after time.Duration, now ti
 	return false
 }
 
+func (r *BillingProviderReconciler) maxListPages() int {
+	if r.MaxListPages > 0 {
+		return r.MaxListPages
+	}
+	return maxListPages
+}
+
 // compareProvider walks the provider's records since the window start (with an
 // overlap for clock skew) and compares them with the local settlements.
 func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hooksv1alpha1.BillingProvider, c billing.Client,
 	now time.Time, reportName string, byKey map[string]*hooksv1alpha1.BillingSettlement,
 	mine []*hooksv1alpha1.BillingSettlement, p *passState) error {
-	since := now.Add(-firstWindow)
+	since, mark := now.Add(-firstWindow), time.Time{}
 	if t := bp.Status.ProviderListedUntil; t != nil {
-		since = t.Add(-reconciliationPolicyOf(bp).stuckAfter)
+		since, mark = t.Add(-reconciliationPolicyOf(bp).stuckAfter), t.Time
 	}
 	seen := map[string]bool{}
 	cursor, pages, records := "", 0, int32(0)
+	if w := r.walks.take(bp.UID); w != nil && w.mark.Equal(mark) {
+		since, seen, cursor = w.since, w.seen, w.cursor // the walk the last pass cut goes on
+	}
 	for {
 		called := time.Now()
 		recs, next, err := c.List(ctx, since, cursor)
 		observeBillingCall(bp.Namespace, bp.Name, "list", called, err)
 		if err != nil {
+			// What was walked stands: the next pass retries this page.
+			r.walks.keep(bp.UID, &listWalk{mark: mark, since: since, cursor: cursor, seen: seen})
 			return fmt.Errorf("list the provider's records: %w", err)
 		}
 		var unknown []billing.Record
 		for _, rec := range recs {
 			records++
-			seen[rec.IdempotencyKey] = true
 			if k, ok := identity.ParseSettlementKey(rec.SettlementKey); ok && k.Namespace != bp.Namespace {
 				// Another namespace's record in a shared billing account: its own
 				// pass reports it (keys minted before issue 10 carry no namespace).
 				records--
 				continue
 			}
+			seen[rec.IdempotencyKey] = true
 			bs, ok := byKey[rec.IdempotencyKey]
 			if !ok {
 				unknown = append(unknown, rec)
@@ -692,14 +755,20 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 			p.listedAll = true
 			break
 		}
-		if pages >= maxListPages {
-			// The rest waits for the next pass, which starts from the same point.
+		if pages >= r.maxListPages() {
+			// The rest waits for the next pass, which goes on from here, soon.
 			p.report.Truncated = true
+			r.walks.keep(bp.UID, &listWalk{mark: mark, since: since, cursor: next, seen: seen})
 			break
 		}
 		cursor = next
 	}
 	p.examined["ProviderRecord"] = records
+	if !p.listedAll {
+		// Settlements are told apart from the provider's records only once the walk
+		// has ended: asking by key for every one past the cut costs a lookup each.
+		return nil
+	}
 
 	// Local settled but unknown to the provider: those settled in the window that the
 	// list did not show are asked by key before anything is reported.

@@ -105,6 +105,8 @@ type managerOptions struct {
 	// store, when set, turns the archive on with records archived after archiveAfter.
 	store        *archive.Store
 	archiveAfter time.Duration
+	// maxListPages, when set, caps a reconciliation pass's walk of the provider's list.
+	maxListPages int
 }
 
 func startManager(opts ...managerOptions) *runningManager {
@@ -138,7 +140,7 @@ func startManager(opts ...managerOptions) *runningManager {
 		CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
 	Expect((&controllers.BillingProviderReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("billingprovider"), Archive: o.store, Health: health,
-		CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
+		CredentialRecheckInterval: time.Second, MaxListPages: o.maxListPages}).SetupWithManager(m)).To(Succeed())
 	recvOpts := receiver.Options{BindAddress: "127.0.0.1:0", SecretTTL: time.Second}
 	if o.store != nil {
 		Expect((&controllers.Archiver{Client: m.GetClient(), Archive: o.store, After: o.archiveAfter,
