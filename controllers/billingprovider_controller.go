@@ -173,7 +173,7 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 			return ctrl.Result{RequeueAfter: due.Sub(now)}, nil
 		}
 	}
-	report, listedAll, err := r.pass(ctx, bp, c, policy, now)
+	report, listedUntil, err := r.pass(ctx, bp, c, policy, now)
 	if err != nil && report == "" {
 		return ctrl.Result{}, err
 	}
@@ -184,13 +184,16 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 	}
 	end := metav1.NewTime(now)
 	bp.Status.LastReconciliation, bp.Status.LastReport = &end, report
-	if listedAll {
-		bp.Status.ProviderListedUntil = &end
+	if !listedUntil.IsZero() {
+		mark := metav1.NewTime(listedUntil)
+		bp.Status.ProviderListedUntil = &mark
 	}
 	if err := r.prune(ctx, bp, policy.keep); err != nil {
 		return ctrl.Result{}, err
 	}
-	if r.walks.pending(bp.UID) && interval > continueWalkAfter {
+	if err != nil {
+		interval = policy.interval // a failed pass is not hurried
+	} else if r.walks.pending(bp.UID) && interval > continueWalkAfter {
 		interval = continueWalkAfter
 	}
 	return ctrl.Result{RequeueAfter: interval}, nil

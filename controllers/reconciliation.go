@@ -85,16 +85,20 @@ func (m *findingMemory) forget(uid types.UID) {
 // overlap and now (5,000 records: 5.6 events/s with the 15-minute overlap) was walked
 // from the same start by every pass, forever, and every settlement past the cut was
 // confirmed by a lookup of its own (docs/decisions.md "Reconciliation walks").
-// The list is ordered by creation time and a record created during the walk sorts
-// after its cursor, so a walk finished over several passes sees what one long pass
-// would have. It lives in memory: after a restart or a change of leader the walk
-// starts again from the mark.
+// The mark a finished walk sets is the time its first pass started, not its last: the
+// list contract promises no order, so a record created while the walk went on may
+// have sorted before its cursor; the next walk, from that mark less the overlap,
+// lists it. It lives in memory: after a restart or a change of leader the walk starts
+// again from the mark; a failed page or a changed BillingProvider spec drops it too.
 type listWalk struct {
 	// mark is the providerListedUntil the walk started from (zero before the first
-	// complete walk); since is where it lists from.
-	mark, since time.Time
-	cursor      string
-	// seen holds the idempotency keys of this namespace's records listed so far.
+	// complete walk); since is where it lists from; started is when its first pass
+	// began; generation is the BillingProvider's (an endpoint change starts over).
+	mark, since, started time.Time
+	generation           int64
+	cursor               string
+	// seen holds the idempotency keys of this provider's settlements whose settled
+	// record the walk listed (each was then confirmed or reported).
 	seen map[string]bool
 }
 
@@ -146,8 +150,10 @@ type passState struct {
 	report         *hooksv1alpha1.ReconciliationReportStatus
 	byType         map[hooksv1alpha1.DiscrepancyType]int32
 	examined       map[string]int32
-	// listedAll is true when the provider's records were walked to the end.
-	listedAll bool
+	// listedAll is true when the provider's records were walked to the end, by a walk
+	// whose first pass started at walkStarted.
+	listedAll   bool
+	walkStarted time.Time
 	// items keeps up to maxReportItems findings per type until the report is filled.
 	items map[hooksv1alpha1.DiscrepancyType][]hooksv1alpha1.Discrepancy
 }
@@ -214,9 +220,10 @@ func truncateTo(s string, n int) string {
 	return s
 }
 
-// pass runs one reconciliation and returns its report's name.
+// pass runs one reconciliation and returns its report's name and, when it finished a
+// walk of the provider's list, the time that walk started (the new mark; else zero).
 func (r *BillingProviderReconciler) pass(ctx context.Context, bp *hooksv1alpha1.BillingProvider, c billing.Client,
-	policy reconciliationPolicy, now time.Time) (string, bool, error) {
+	policy reconciliationPolicy, now time.Time) (string, time.Time, error) {
 	start := now.Add(-firstWindow)
 	if bp.Status.LastReconciliation != nil {
 		start = bp.Status.LastReconciliation.Time
@@ -228,9 +235,9 @@ func (r *BillingProviderReconciler) pass(ctx context.Context, bp *hooksv1alpha1.
 			WindowStart: metav1.NewTime(start), WindowEnd: metav1.NewTime(now)},
 	}
 	if err := r.Create(ctx, rr); err != nil && !apierrors.IsAlreadyExists(err) {
-		return "", false, fmt.Errorf("create report %s: %w", rr.Name, err)
+		return "", time.Time{}, fmt.Errorf("create report %s: %w", rr.Name, err)
 	} else if apierrors.IsAlreadyExists(err) {
-		return rr.Name, false, nil // a pass for this second already ran
+		return rr.Name, time.Time{}, nil // a pass for this second already ran
 	}
 	base := rr.DeepCopy()
 	p := &passState{report: &rr.Status, byType: map[hooksv1alpha1.DiscrepancyType]int32{}, examined: map[string]int32{},
@@ -263,13 +270,16 @@ func (r *BillingProviderReconciler) pass(ctx context.Context, bp *hooksv1alpha1.
 				rr.Status.Discrepancies, rr.Status.Repaired, rr.Status.NeedsReview))
 	}
 	if _, perr := patchStatus(ctx, r.Client, rr, base, false); perr != nil {
-		return "", false, fmt.Errorf("write report %s: %w", rr.Name, perr)
+		return "", time.Time{}, fmt.Errorf("write report %s: %w", rr.Name, perr)
 	}
 	if rr.Status.NeedsReview > 0 {
 		r.Recorder.Eventf(bp, rr, corev1.EventTypeWarning, hooksv1alpha1.ReasonDiscrepanciesNeedReview, "Reconcile",
 			"%s: %d discrepancies need review (see docs/runbook.md)", rr.Name, rr.Status.NeedsReview)
 	}
-	return rr.Name, p.listedAll && err == nil, err
+	if p.listedAll && err == nil {
+		return rr.Name, p.walkStarted, nil
+	}
+	return rr.Name, time.Time{}, err
 }
 
 // compare answers each question of docs/design.md §7 for one provider's namespace.
@@ -686,16 +696,18 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 	}
 	seen := map[string]bool{}
 	cursor, pages, records := "", 0, int32(0)
-	if w := r.walks.take(bp.UID); w != nil && w.mark.Equal(mark) {
-		since, seen, cursor = w.since, w.seen, w.cursor // the walk the last pass cut goes on
+	p.walkStarted = now
+	if w := r.walks.take(bp.UID); w != nil && w.mark.Equal(mark) && w.generation == bp.Generation {
+		// The walk the last pass cut goes on.
+		since, seen, cursor, p.walkStarted = w.since, w.seen, w.cursor, w.started
 	}
 	for {
 		called := time.Now()
 		recs, next, err := c.List(ctx, since, cursor)
 		observeBillingCall(bp.Namespace, bp.Name, "list", called, err)
 		if err != nil {
-			// What was walked stands: the next pass retries this page.
-			r.walks.keep(bp.UID, &listWalk{mark: mark, since: since, cursor: cursor, seen: seen})
+			// The walk is dropped: a refused cursor must not be retried forever, and the
+			// next pass, at the usual interval, starts again from the mark.
 			return fmt.Errorf("list the provider's records: %w", err)
 		}
 		var unknown []billing.Record
@@ -707,11 +719,15 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 				records--
 				continue
 			}
-			seen[rec.IdempotencyKey] = true
 			bs, ok := byKey[rec.IdempotencyKey]
 			if !ok {
 				unknown = append(unknown, rec)
 				continue
+			}
+			if rec.Status == billing.StatusSettled {
+				// Confirmed or reported below; a pending or failed record leaves a
+				// locally settled settlement to be asked about by key.
+				seen[rec.IdempotencyKey] = true
 			}
 			if why := r.notProvablyOurs(ctx, bs, rec); why != "" {
 				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyAmountMismatch, Object: "BillingSettlement/" + bs.Name,
@@ -758,7 +774,8 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 		if pages >= r.maxListPages() {
 			// The rest waits for the next pass, which goes on from here, soon.
 			p.report.Truncated = true
-			r.walks.keep(bp.UID, &listWalk{mark: mark, since: since, cursor: next, seen: seen})
+			r.walks.keep(bp.UID, &listWalk{mark: mark, since: since, started: p.walkStarted,
+				generation: bp.Generation, cursor: next, seen: seen})
 			break
 		}
 		cursor = next
