@@ -12,6 +12,7 @@ require (
 	github.com/prometheus/client_golang v1.24.0
 	github.com/prometheus/prometheus v0.311.3
 	github.com/standard-webhooks/standard-webhooks/libraries v0.0.1
+	github.com/stripe/stripe-go/v82 v82.5.1
 	github.com/yuin/gopher-lua v1.1.2
 	go.uber.org/zap v1.27.1
 	helm.sh/helm/v3 v3.22.0

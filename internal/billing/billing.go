@@ -85,6 +85,14 @@ type Request struct {
 	// Metadata is descriptive and part of what the provider compares on a repeated key,
 	// so it must be derived from stable fields only (never a time or attempt number).
 	Metadata map[string]string
+	// ReversesRef is the provider's reference of the charge a refund or void reverses
+	// (its status.providerRef), for providers that compensate by reference (Stripe);
+	// "" for a charge. Not sent by the HTTP adapter, not compared by Match.
+	ReversesRef string
+	// OccurredAt is when what is billed happened (a job's completion), for providers
+	// that date usage (Stripe meter events); zero when unknown. It must be as stable as
+	// the rest of the request: it is part of what a provider compares on a repeated key.
+	OccurredAt time.Time
 }
 
 // Record is the provider's view of one settlement, as returned by Submit, Lookup and
@@ -192,6 +200,10 @@ type Error struct {
 	// request with the same key is being processed right now and may still commit, so
 	// money may move even though this call did not reach the provider's books.
 	InFlight bool
+	// Unanswerable marks a lookup the provider cannot answer at all (Stripe cannot
+	// read meter events back): asking again will not help; Message says what a human
+	// should check.
+	Unanswerable bool
 	// Message is a short, human-readable explanation without secrets.
 	Message string
 	// Err is the underlying network or decoding error, if any.

@@ -86,6 +86,13 @@ func Do(hc *http.Client, req *http.Request, mutating bool) (Response, error) {
 	return out, nil
 }
 
+// TransportError classifies a failure where no complete reply arrived, for adapters
+// that own their transport (Stripe's client): neverConnected is true when no
+// connection was obtained, so the request provably never left.
+func TransportError(err error, neverConnected, mutating bool) *Error {
+	return transportError(err, neverConnected, mutating)
+}
+
 // transportError classifies a failure where no complete reply arrived.
 func transportError(err error, neverConnected, mutating bool) *Error {
 	var ue *url.Error

@@ -1,0 +1,592 @@
+// Package stripebilling is the billing adapter for Stripe (BillingProvider spec.type
+// Stripe), built on stripe-go. It turns the operator's settlements into Stripe objects
+// and Stripe's answers and errors into billing.Record and billing.Error, so nothing
+// above it knows Stripe's vocabulary (docs/design.md §13):
+//
+//   - a usage charge is a Billing Meter Event: event_name from the meter mapping,
+//     payload {customer, value}, identifier = the settlement's idempotency key (Stripe
+//     enforces identifier uniqueness for at least 24 h), timestamp = when the usage
+//     happened (Stripe takes events up to 35 days old);
+//   - an amount charge is an Invoice Item (customer, amount in minor units, currency,
+//     description, metadata naming the settlement);
+//   - compensation: a void or a usage refund of a meter event is a Meter Event
+//     Adjustment (cancel, within Stripe's 24 h); a void of an invoice item deletes it
+//     while it is not invoiced; a refund of an amount is a credit (a negative invoice
+//     item), whatever the original was.
+//
+// Every mutating call carries the settlement's idempotency key as Idempotency-Key;
+// stripe-go's own retries are off (MaxNetworkRetries 0): the settlement controller
+// retries, with the same key. What "asking Stripe" means for each object is in
+// LookupRequest; docs/decisions.md "Stripe adapter" says why.
+package stripebilling
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/big"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/stripe/stripe-go/v82"
+
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+)
+
+// DefaultEndpoint is Stripe's API.
+const DefaultEndpoint = "https://api.stripe.com"
+
+// Stripe's documented windows.
+const (
+	// MaxEventAge is how old a meter event's timestamp may be (35 days); an hour is
+	// kept in hand so an event is not refused between our check and Stripe's.
+	MaxEventAge = 35*24*time.Hour - time.Hour
+	// MaxFuture is how far ahead of Stripe's clock a timestamp may be (5 minutes).
+	MaxFuture = 5 * time.Minute
+	// CancelWindow is how long after receipt a meter event can be cancelled (24 h).
+	CancelWindow = 24 * time.Hour
+	// KeyWindow is how long Stripe keeps an idempotency key's result (24 h): the
+	// BillingProvider's idempotencyWindow may not exceed it for this type.
+	KeyWindow = 24 * time.Hour
+)
+
+// Metadata keys the adapter writes on invoice items, so a listed item can be tied to
+// its settlement. A settlement's own metadata may not use them.
+const (
+	MetaSettlementKey  = "settlement_key"
+	MetaIdempotencyKey = "settlement_idempotency_key"
+	MetaType           = "settlement_type"
+	MetaReverses       = "settlement_reverses"
+)
+
+// Meter maps one usage meter of the settlements (spec.usage.meter) to a Stripe meter.
+type Meter struct {
+	// EventName is the Stripe meter's event_name.
+	EventName string
+	// ID is the Stripe meter's ID (mtr_…), used to read its event summaries in
+	// reconciliation; "" leaves the meter out of the comparison.
+	ID string
+	// CustomerKey and ValueKey are the meter's payload keys (Stripe's defaults
+	// stripe_customer_id and value when empty).
+	CustomerKey, ValueKey string
+}
+
+// Config configures a client.
+type Config struct {
+	// Endpoint is the API base URL (DefaultEndpoint when empty); tests use stripe-mock
+	// or the Stripe-shaped fake.
+	Endpoint string
+	// APIKey is a secret (sk_) or restricted (rk_) key.
+	APIKey string
+	// Timeout bounds each call.
+	Timeout time.Duration
+	// Meters maps usage meters to Stripe meters; a usage charge for a meter not listed
+	// is refused (terminal), never sent under a guessed name.
+	Meters map[string]Meter
+	// Now is the clock (time.Now), for the 35-day and 24-hour windows.
+	Now func() time.Time
+}
+
+// Mode says whether a key is for test or live data, from its prefix.
+type Mode string
+
+// Key modes.
+const (
+	ModeTest Mode = "test"
+	ModeLive Mode = "live"
+)
+
+// KeyMode reads a Stripe key's mode from its prefix (sk_test_, rk_test_, sk_live_,
+// rk_live_); any other key is an error naming what was expected, never the key.
+func KeyMode(key string) (Mode, error) {
+	for _, p := range []string{"sk_test_", "rk_test_"} {
+		if strings.HasPrefix(key, p) && len(key) > len(p) {
+			return ModeTest, nil
+		}
+	}
+	for _, p := range []string{"sk_live_", "rk_live_"} {
+		if strings.HasPrefix(key, p) && len(key) > len(p) {
+			return ModeLive, nil
+		}
+	}
+	return "", errors.New("not a Stripe secret or restricted key (expected sk_test_, rk_test_, sk_live_ or rk_live_)")
+}
+
+// Client is the Stripe adapter.
+type Client struct {
+	sc     *stripe.Client
+	cfg    Config
+	mode   Mode
+	meters map[string]Meter
+}
+
+var _ billing.Client = (*Client)(nil)
+
+// New builds a client; a key of unknown shape or an unusable endpoint is an error.
+func New(cfg Config) (*Client, error) {
+	mode, err := KeyMode(cfg.APIKey)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Endpoint == "" {
+		cfg.Endpoint = DefaultEndpoint
+	}
+	u, err := url.Parse(cfg.Endpoint)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return nil, fmt.Errorf("stripe endpoint %q is not an http(s) URL", cfg.Endpoint)
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	meters := map[string]Meter{}
+	for name, m := range cfg.Meters {
+		if m.EventName == "" {
+			return nil, fmt.Errorf("stripe meter for usage meter %q has no eventName", name)
+		}
+		if m.CustomerKey == "" {
+			m.CustomerKey = "stripe_customer_id"
+		}
+		if m.ValueKey == "" {
+			m.ValueKey = "value"
+		}
+		meters[name] = m
+	}
+	hc := billing.NoRedirectClient()
+	hc.Timeout = cfg.Timeout
+	hc.Transport = &classifying{base: hc.Transport}
+	endpoint := strings.TrimRight(cfg.Endpoint, "/")
+	backends := stripe.NewBackendsWithConfig(&stripe.BackendConfig{
+		URL: stripe.String(endpoint), HTTPClient: hc, MaxNetworkRetries: stripe.Int64(0),
+		EnableTelemetry: stripe.Bool(false), LeveledLogger: &stripe.LeveledLogger{Level: stripe.LevelNull},
+	})
+	return &Client{sc: stripe.NewClient(cfg.APIKey, stripe.WithBackends(backends)), cfg: cfg, mode: mode, meters: meters}, nil
+}
+
+// Mode is the key's mode: test or live data.
+func (c *Client) Mode() Mode { return c.mode }
+
+// String never shows the key.
+func (c *Client) String() string { return fmt.Sprintf("stripe(%s, %s mode)", c.cfg.Endpoint, c.mode) }
+
+// Submit carries out r under r.IdempotencyKey.
+func (c *Client) Submit(ctx context.Context, r billing.Request) (billing.Record, error) {
+	switch {
+	case r.Usage != nil && r.Amount != nil:
+		return billing.Record{}, terminal("usage_and_amount", "a Stripe settlement is either usage (a meter event) or an amount (an invoice item), not both")
+	case r.Type == billing.TypeCharge && r.Usage != nil:
+		return c.meterEvent(ctx, r)
+	case r.Type == billing.TypeCharge && r.Amount != nil:
+		return c.invoiceItem(ctx, r, r.Amount.Minor)
+	case r.Type == billing.TypeCharge:
+		return billing.Record{}, terminal("nothing_to_charge", "a charge needs usage or an amount")
+	case r.Reverses == "" || r.ReversesRef == "":
+		return billing.Record{}, terminal("reverses_unknown", "a refund or void needs the charge it reverses and that charge's Stripe reference")
+	case isMeterEventRef(r.ReversesRef) && r.Amount == nil:
+		return c.cancelMeterEvent(ctx, r)
+	case r.Type == billing.TypeRefund && r.Amount != nil:
+		// A credit: a negative invoice item, for an invoice item or a meter event alike.
+		return c.invoiceItem(ctx, r, -r.Amount.Minor)
+	case r.Type == billing.TypeVoid && strings.HasPrefix(r.ReversesRef, "ii_"):
+		return c.deleteInvoiceItem(ctx, r)
+	}
+	return billing.Record{}, terminal("unsupported_compensation",
+		fmt.Sprintf("a %s of %s cannot be expressed in Stripe: void a meter event or an uninvoiced invoice item, or refund an amount (a credit)", r.Type, r.ReversesRef))
+}
+
+// MeterEventRef is the provider reference of a meter event: Stripe gives meter events
+// no ID, so the reference is the identifier (our idempotency key) under a prefix that
+// says so.
+func MeterEventRef(identifier string) string { return "meter_event:" + identifier }
+
+func isMeterEventRef(ref string) bool { return strings.HasPrefix(ref, "meter_event:") }
+
+// WholeQuantity returns q as a whole number, or an error: Stripe's meter values are
+// whole numbers, so a fractional quantity is refused, never rounded (docs/decisions.md:
+// bill in a smaller unit instead).
+func WholeQuantity(q string) (string, error) {
+	v, ok := new(big.Rat).SetString(q)
+	if !ok || v.Sign() < 0 {
+		return "", fmt.Errorf("usage quantity %q is not a non-negative decimal", q)
+	}
+	if !v.IsInt() {
+		return "", fmt.Errorf("usage quantity %q has a fraction; Stripe meter values are whole numbers: report the usage in a smaller unit", q)
+	}
+	return v.Num().String(), nil
+}
+
+func (c *Client) meterEvent(ctx context.Context, r billing.Request) (billing.Record, error) {
+	m, ok := c.meters[r.Usage.Meter]
+	if !ok {
+		return billing.Record{}, terminal("unknown_meter", fmt.Sprintf("no Stripe meter is configured for usage meter %q (spec.stripe.meters)", r.Usage.Meter))
+	}
+	value, err := WholeQuantity(r.Usage.Quantity)
+	if err != nil {
+		return billing.Record{}, terminal("fractional_quantity", err.Error())
+	}
+	p := &stripe.BillingMeterEventCreateParams{
+		EventName:  stripe.String(m.EventName),
+		Identifier: stripe.String(r.IdempotencyKey),
+		Payload:    map[string]string{m.CustomerKey: r.Customer, m.ValueKey: value},
+	}
+	if !r.OccurredAt.IsZero() {
+		now := c.cfg.Now()
+		if now.Sub(r.OccurredAt) > MaxEventAge {
+			return billing.Record{}, terminal("event_too_old", fmt.Sprintf(
+				"the usage happened at %s, more than Stripe's 35 days ago: Stripe refuses meter events that old; bill it as an amount (an invoice item) instead",
+				r.OccurredAt.UTC().Format(time.RFC3339)))
+		}
+		if r.OccurredAt.Sub(now) > MaxFuture {
+			return billing.Record{}, terminal("event_in_future", "the usage time is more than 5 minutes ahead of this clock; Stripe refuses it")
+		}
+		p.Timestamp = stripe.Int64(r.OccurredAt.Unix())
+	}
+	p.IdempotencyKey = stripe.String(r.IdempotencyKey)
+	ev, err := c.sc.V1BillingMeterEvents.Create(ctx, p)
+	if err != nil {
+		if se := stripeError(err); se != nil && se.Code == stripe.ErrorCodeResourceAlreadyExists {
+			// Our identifier is already taken: an event with it exists, and the
+			// identifier is this settlement's idempotency key, which nothing else uses.
+			// This is the proof that the charge is there (docs/decisions.md).
+			return meterRecord(r, m, value, r.IdempotencyKey), nil
+		}
+		return billing.Record{}, classify(err, true)
+	}
+	rec := meterRecord(r, m, value, ev.Identifier)
+	if ev.Payload[m.CustomerKey] != r.Customer || ev.Payload[m.ValueKey] != value || ev.EventName != m.EventName {
+		// Stripe echoes the payload; a different one is not our event.
+		rec.Customer, rec.Usage.Quantity = ev.Payload[m.CustomerKey], ev.Payload[m.ValueKey]
+	}
+	return rec, nil
+}
+
+func meterRecord(r billing.Request, m Meter, value, identifier string) billing.Record {
+	return billing.Record{
+		ID: MeterEventRef(identifier), Status: billing.StatusSettled, SettlementKey: r.SettlementKey,
+		IdempotencyKey: identifier, Customer: r.Customer, Type: r.Type, Reverses: r.Reverses,
+		Usage: &billing.Usage{Meter: r.Usage.Meter, Quantity: value, Unit: r.Usage.Unit},
+	}
+}
+
+func (c *Client) cancelMeterEvent(ctx context.Context, r billing.Request) (billing.Record, error) {
+	identifier := strings.TrimPrefix(r.ReversesRef, "meter_event:")
+	if r.Usage == nil {
+		return billing.Record{}, terminal("usage_required", "cancelling a meter event needs the usage it reverses")
+	}
+	m, ok := c.meters[r.Usage.Meter]
+	if !ok {
+		return billing.Record{}, terminal("unknown_meter", fmt.Sprintf("no Stripe meter is configured for usage meter %q (spec.stripe.meters)", r.Usage.Meter))
+	}
+	p := &stripe.BillingMeterEventAdjustmentCreateParams{
+		EventName: stripe.String(m.EventName), Type: stripe.String("cancel"),
+		Cancel: &stripe.BillingMeterEventAdjustmentCreateCancelParams{Identifier: stripe.String(identifier)},
+	}
+	p.IdempotencyKey = stripe.String(r.IdempotencyKey)
+	if _, err := c.sc.V1BillingMeterEventAdjustments.Create(ctx, p); err != nil {
+		if se := stripeError(err); se != nil && se.HTTPStatusCode == http.StatusBadRequest && se.Type == stripe.ErrorTypeInvalidRequest {
+			e := classify(err, true)
+			e.Message = "Stripe refused to cancel the meter event (it cancels only events received in the last 24 hours): " +
+				"refund an amount instead, which Stripe records as a credit; " + e.Message
+			return billing.Record{}, e
+		}
+		return billing.Record{}, classify(err, true)
+	}
+	return billing.Record{
+		ID: "meter_event_cancel:" + identifier, Status: billing.StatusSettled, SettlementKey: r.SettlementKey,
+		IdempotencyKey: r.IdempotencyKey, Customer: r.Customer, Type: r.Type, Reverses: r.Reverses,
+		Usage: &billing.Usage{Meter: r.Usage.Meter, Quantity: r.Usage.Quantity, Unit: r.Usage.Unit},
+	}, nil
+}
+
+func (c *Client) invoiceItem(ctx context.Context, r billing.Request, minor int64) (billing.Record, error) {
+	md := map[string]string{}
+	for k, v := range r.Metadata {
+		md[k] = v
+	}
+	for _, k := range []string{MetaSettlementKey, MetaIdempotencyKey, MetaType, MetaReverses} {
+		if _, taken := md[k]; taken {
+			return billing.Record{}, terminal("metadata_key_reserved", fmt.Sprintf("metadata key %q is the adapter's own", k))
+		}
+	}
+	md[MetaSettlementKey], md[MetaIdempotencyKey], md[MetaType] = r.SettlementKey, r.IdempotencyKey, r.Type
+	if r.Reverses != "" {
+		md[MetaReverses] = r.Reverses
+	}
+	p := &stripe.InvoiceItemCreateParams{
+		Customer: stripe.String(r.Customer), Amount: stripe.Int64(minor),
+		Currency:    stripe.String(strings.ToLower(r.Amount.Currency)),
+		Description: stripe.String(description(r)),
+	}
+	p.Metadata = md
+	p.IdempotencyKey = stripe.String(r.IdempotencyKey)
+	it, err := c.sc.V1InvoiceItems.Create(ctx, p)
+	if err != nil {
+		return billing.Record{}, classify(err, true)
+	}
+	return itemRecord(it), nil
+}
+
+func description(r billing.Request) string {
+	switch r.Type {
+	case billing.TypeRefund:
+		return "Credit for " + r.Reverses
+	default:
+		return "Settlement " + r.SettlementKey
+	}
+}
+
+// itemRecord reads a settlement's invoice item back; an item without our metadata
+// yields a record with those fields empty (Match then refuses it).
+func itemRecord(it *stripe.InvoiceItem) billing.Record {
+	rec := billing.Record{
+		ID: it.ID, Status: billing.StatusSettled, SettlementKey: it.Metadata[MetaSettlementKey],
+		IdempotencyKey: it.Metadata[MetaIdempotencyKey], Type: it.Metadata[MetaType], Reverses: it.Metadata[MetaReverses],
+		CreatedAt: time.Unix(it.Date, 0),
+	}
+	if it.Customer != nil {
+		rec.Customer = it.Customer.ID
+	}
+	minor := it.Amount
+	if rec.Type == billing.TypeRefund {
+		minor = -minor // a credit is negative at Stripe, a positive refund here
+	}
+	rec.Amount = &billing.Amount{Minor: minor, Currency: strings.ToUpper(string(it.Currency))}
+	return rec
+}
+
+func (c *Client) deleteInvoiceItem(ctx context.Context, r billing.Request) (billing.Record, error) {
+	p := &stripe.InvoiceItemDeleteParams{}
+	p.IdempotencyKey = stripe.String(r.IdempotencyKey)
+	_, err := c.sc.V1InvoiceItems.Delete(ctx, r.ReversesRef, p)
+	if se := stripeError(err); se != nil && se.Code == stripe.ErrorCodeResourceMissing {
+		// Gone already (our earlier attempt whose answer was lost, past Stripe's key
+		// window, or a human): the void's effect holds.
+		err = nil
+	}
+	if err != nil {
+		if se := stripeError(err); se != nil && se.HTTPStatusCode == http.StatusBadRequest {
+			e := classify(err, true)
+			e.Message = "Stripe refused to delete the invoice item (it cannot be deleted once invoiced): refund it instead, which Stripe records as a credit; " + e.Message
+			return billing.Record{}, e
+		}
+		return billing.Record{}, classify(err, true)
+	}
+	rec := billing.Record{ID: "deleted:" + r.ReversesRef, Status: billing.StatusSettled, SettlementKey: r.SettlementKey,
+		IdempotencyKey: r.IdempotencyKey, Customer: r.Customer, Type: r.Type, Reverses: r.Reverses}
+	if r.Amount != nil {
+		a := *r.Amount
+		rec.Amount = &a
+	}
+	return rec, nil
+}
+
+// Lookup cannot ask Stripe by key alone: Stripe has no lookup by idempotency key.
+// Callers use LookupRequest; this answers a classified error saying so.
+func (c *Client) Lookup(context.Context, string) (billing.Record, bool, error) {
+	return billing.Record{}, false, &billing.Error{Class: billing.Terminal, Code: "lookup_needs_request", Unanswerable: true,
+		Message: "Stripe cannot be asked by idempotency key alone"}
+}
+
+// LookupRequest is what "asking Stripe" means for each object:
+//   - an invoice item (amount charge or credit): the customer's invoice items are
+//     listed, newest first, and matched on our metadata's idempotency key; none found
+//     is a real "not found" (a deleted item is not listed either, and a charge is only
+//     looked up while it is not settled here, so it was never ours to void);
+//   - a meter event or a cancellation: Stripe cannot list or read them back. The
+//     answer is Unanswerable, with what to check in the Stripe dashboard; inside
+//     Stripe's 24-hour key window the controller does not ask at all, it resends with
+//     the same key, and the replay or the duplicate identifier is the answer.
+//   - a deleted invoice item (void): the item is read; gone (or deleted) is proof.
+func (c *Client) LookupRequest(ctx context.Context, r billing.Request) (billing.Record, bool, error) {
+	switch {
+	case r.Type == billing.TypeVoid && strings.HasPrefix(r.ReversesRef, "ii_"):
+		p := &stripe.InvoiceItemRetrieveParams{}
+		it, err := c.sc.V1InvoiceItems.Retrieve(ctx, r.ReversesRef, p)
+		if se := stripeError(err); (se != nil && se.Code == stripe.ErrorCodeResourceMissing) || (err == nil && it.Deleted) {
+			rec := billing.Record{ID: "deleted:" + r.ReversesRef, Status: billing.StatusSettled, SettlementKey: r.SettlementKey,
+				IdempotencyKey: r.IdempotencyKey, Customer: r.Customer, Type: r.Type, Reverses: r.Reverses}
+			if r.Amount != nil {
+				a := *r.Amount
+				rec.Amount = &a
+			}
+			return rec, true, nil
+		}
+		if err != nil {
+			return billing.Record{}, false, classify(err, false)
+		}
+		return billing.Record{}, false, nil
+	case r.Amount != nil:
+		return c.findItem(ctx, r)
+	}
+	event := r.IdempotencyKey
+	what := "a meter event with identifier " + event
+	if r.Type != billing.TypeCharge {
+		event = strings.TrimPrefix(r.ReversesRef, "meter_event:")
+		what = "a cancellation (meter event adjustment) of the meter event with identifier " + event
+	}
+	return billing.Record{}, false, &billing.Error{Class: billing.Terminal, Code: "meter_event_unreadable", Unanswerable: true,
+		Message: "Stripe cannot be asked whether it holds " + what + " (meter events cannot be read back): look for it in the Stripe " +
+			"dashboard (Billing → Meters → the meter's events); if it is there, the charge is done; if not, replay the settlement"}
+}
+
+// findItem looks for the invoice item carrying r's idempotency key among the
+// customer's items, newest first, up to maxLookupItems.
+func (c *Client) findItem(ctx context.Context, r billing.Request) (billing.Record, bool, error) {
+	p := &stripe.InvoiceItemListParams{Customer: stripe.String(r.Customer)}
+	p.Limit = stripe.Int64(100)
+	seen := 0
+	for it, err := range c.sc.V1InvoiceItems.List(ctx, p) {
+		if err != nil {
+			return billing.Record{}, false, classify(err, false)
+		}
+		if it.Metadata[MetaIdempotencyKey] == r.IdempotencyKey {
+			return itemRecord(it), true, nil
+		}
+		if seen++; seen >= maxLookupItems {
+			return billing.Record{}, false, &billing.Error{Class: billing.Terminal, Code: "lookup_too_long", Unanswerable: true,
+				Message: fmt.Sprintf("the customer has more than %d invoice items and none of the newest carries this settlement's key: "+
+					"search the Stripe dashboard for invoice items with metadata %s=%s", maxLookupItems, MetaIdempotencyKey, r.IdempotencyKey)}
+		}
+	}
+	return billing.Record{}, false, nil
+}
+
+// maxLookupItems bounds how many of a customer's invoice items one lookup reads.
+const maxLookupItems = 1000
+
+// List pages through the invoice items created at or after since (newest first, as
+// Stripe lists), for reconciliation; items without our metadata are someone else's
+// and are left out. Meter events cannot be listed: they are compared through the
+// meters' event summaries instead (Summaries).
+func (c *Client) List(ctx context.Context, since time.Time, cursor string) ([]billing.Record, string, error) {
+	p := &stripe.InvoiceItemListParams{CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()}}
+	p.Limit = stripe.Int64(pageSize)
+	if cursor != "" {
+		p.StartingAfter = stripe.String(cursor)
+	}
+	var out []billing.Record
+	n, last := 0, ""
+	for it, err := range c.sc.V1InvoiceItems.List(ctx, p) {
+		if err != nil {
+			return nil, "", classify(err, false)
+		}
+		n, last = n+1, it.ID
+		if it.Metadata[MetaIdempotencyKey] != "" {
+			out = append(out, itemRecord(it))
+		}
+		if n == pageSize {
+			return out, last, nil // perhaps more: the next call starts after this item
+		}
+	}
+	return out, "", nil
+}
+
+const pageSize = 100
+
+// classifying is the transport under stripe-go: it tells a request that never left
+// (Transient) from one that may have been processed (Ambiguous), by the rule every
+// adapter shares (billing.Do), and hands stripe-go a classified error.
+type classifying struct{ base http.RoundTripper }
+
+func (t *classifying) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := t.base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	var asked, got atomic.Bool
+	trace := &httptrace.ClientTrace{
+		GetConn: func(string) { asked.Store(true) },
+		GotConn: func(httptrace.GotConnInfo) { got.Store(true) },
+	}
+	mutating := req.Method != http.MethodGet
+	resp, err := base.RoundTrip(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
+	if err != nil {
+		return nil, billing.TransportError(err, asked.Load() && !got.Load(), mutating)
+	}
+	return resp, nil
+}
+
+func stripeError(err error) *stripe.Error {
+	var se *stripe.Error
+	if errors.As(err, &se) {
+		return se
+	}
+	return nil
+}
+
+func terminal(code, msg string) *billing.Error {
+	return &billing.Error{Class: billing.Terminal, Code: code, Message: msg}
+}
+
+// classify turns a stripe-go error into the operator's three classes, once
+// (docs/design.md §13): what to do next, never Stripe's vocabulary above this package.
+func classify(err error, mutating bool) *billing.Error {
+	if e, ok := billing.AsError(err); ok {
+		return e // a transport failure, classified by the transport
+	}
+	se := stripeError(err)
+	if se == nil {
+		// No Stripe error and no transport error: the reply was unreadable.
+		e := &billing.Error{Class: billing.Ambiguous, Code: "unreadable_reply", Message: "Stripe's reply could not be read", Err: err}
+		if !mutating {
+			e.Class = billing.Transient
+		}
+		return e
+	}
+	e := &billing.Error{Status: se.HTTPStatusCode, Code: string(se.Code)}
+	if e.Code == "" {
+		e.Code = string(se.Type)
+	}
+	if e.Code == "" {
+		e.Code = strconv.Itoa(se.HTTPStatusCode)
+	}
+	var header http.Header
+	if se.LastResponse != nil {
+		header = se.LastResponse.Header
+	}
+	switch {
+	case se.Type == stripe.ErrorTypeIdempotency:
+		// The key was used with other parameters: no retry can fix it.
+		e.Class, e.KeyReused = billing.Terminal, true
+		e.Message = "Stripe holds this idempotency key with other parameters"
+	case se.HTTPStatusCode == http.StatusConflict && se.Code == stripe.ErrorCodeIdempotencyKeyInUse:
+		e.Class, e.InFlight = billing.Transient, true
+		e.Message = "a request with the same idempotency key is in progress at Stripe"
+	case se.HTTPStatusCode == http.StatusTooManyRequests:
+		e.Class = billing.Transient
+		e.RetryAfter = billing.RetryAfter(header, time.Now())
+		e.Message = "rate limited by Stripe"
+	case se.HTTPStatusCode == http.StatusUnauthorized || se.HTTPStatusCode == http.StatusForbidden:
+		e.Class = billing.Transient
+		e.Message = "Stripe refused the API key (check the Secret, and the restricted key's permissions)"
+	case se.Type == stripe.ErrorTypeCard:
+		e.Class = billing.Terminal
+		e.Message = "Stripe declined: " + string(se.DeclineCode)
+	case se.HTTPStatusCode >= 500 || se.Type == stripe.ErrorTypeAPI:
+		e.RetryAfter = billing.RetryAfter(header, time.Now())
+		if mutating {
+			e.Class = billing.Ambiguous
+			e.Message = "Stripe failed; it may have committed the request"
+		} else {
+			e.Class = billing.Transient
+			e.Message = "Stripe failed"
+		}
+	case se.HTTPStatusCode >= 400:
+		e.Class = billing.Terminal
+		e.Message = "Stripe rejected the request"
+		if se.Param != "" {
+			e.Message += " (parameter " + se.Param + ")"
+		}
+	default:
+		e.Class = billing.Ambiguous
+		e.Message = "unexpected answer from Stripe"
+	}
+	return e
+}
