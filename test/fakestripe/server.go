@@ -347,9 +347,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	// Stripe's idempotency layer covers POSTs only: a key on a GET or DELETE has no effect.
 	key := r.Header.Get("Idempotency-Key")
-	mutating := r.Method == http.MethodPost || r.Method == http.MethodDelete
-	if key == "" || !mutating {
+	if key == "" || r.Method != http.MethodPost {
 		if faulted && f.kind == faultSlow {
 			time.Sleep(f.delay)
 		}

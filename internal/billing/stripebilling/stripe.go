@@ -159,8 +159,10 @@ func New(cfg Config) (*Client, error) {
 		}
 		meters[name] = m
 	}
+	// Each call is bounded by a context deadline, not http.Client.Timeout: the
+	// client's own timeout replaces the transport's error with its own text, and the
+	// classification (never connected / sent) would be lost.
 	hc := billing.NoRedirectClient()
-	hc.Timeout = cfg.Timeout
 	hc.Transport = &classifying{base: hc.Transport}
 	endpoint := strings.TrimRight(cfg.Endpoint, "/")
 	backends := stripe.NewBackendsWithConfig(&stripe.BackendConfig{
@@ -178,7 +180,11 @@ func (c *Client) String() string { return fmt.Sprintf("stripe(%s, %s mode)", c.c
 
 // Submit carries out r under r.IdempotencyKey.
 func (c *Client) Submit(ctx context.Context, r billing.Request) (billing.Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
 	switch {
+	case r.Amount != nil && r.Amount.Minor < 0:
+		return billing.Record{}, terminal("negative_amount", "an amount is never negative: a refund's amount is what is given back")
 	case r.Usage != nil && r.Amount != nil:
 		return billing.Record{}, terminal("usage_and_amount", "a Stripe settlement is either usage (a meter event) or an amount (an invoice item), not both")
 	case r.Type == billing.TypeCharge && r.Usage != nil:
@@ -240,7 +246,7 @@ func (c *Client) meterEvent(ctx context.Context, r billing.Request) (billing.Rec
 		now := c.cfg.Now()
 		if now.Sub(r.OccurredAt) > MaxEventAge {
 			return billing.Record{}, terminal("event_too_old", fmt.Sprintf(
-				"the usage happened at %s, more than Stripe's 35 days ago: Stripe refuses meter events that old; bill it as an amount (an invoice item) instead",
+				"the usage happened at %s, more than Stripe's 35 days ago: Stripe refuses meter events that old; unless an earlier attempt may have reached Stripe, bill it as an amount (an invoice item) instead",
 				r.OccurredAt.UTC().Format(time.RFC3339)))
 		}
 		if r.OccurredAt.Sub(now) > MaxFuture {
@@ -252,17 +258,22 @@ func (c *Client) meterEvent(ctx context.Context, r billing.Request) (billing.Rec
 	ev, err := c.sc.V1BillingMeterEvents.Create(ctx, p)
 	if err != nil {
 		if se := stripeError(err); se != nil && se.Code == stripe.ErrorCodeResourceAlreadyExists {
-			// Our identifier is already taken: an event with it exists, and the
-			// identifier is this settlement's idempotency key, which nothing else uses.
-			// This is the proof that the charge is there (docs/decisions.md).
-			return meterRecord(r, m, value, r.IdempotencyKey), nil
+			// An event with our identifier exists, but Stripe does not say what it
+			// holds: customer and value are unproven, so the record fails Match and the
+			// settlement stops for a human instead of being adopted (docs/decisions.md).
+			rec := meterRecord(r, m, value, r.IdempotencyKey)
+			rec.Omitted = []string{"customer", "usage"}
+			return rec, nil
 		}
 		return billing.Record{}, classify(err, true)
 	}
 	rec := meterRecord(r, m, value, ev.Identifier)
 	if ev.Payload[m.CustomerKey] != r.Customer || ev.Payload[m.ValueKey] != value || ev.EventName != m.EventName {
-		// Stripe echoes the payload; a different one is not our event.
+		// Stripe echoes the event; a different one is not provably ours.
 		rec.Customer, rec.Usage.Quantity = ev.Payload[m.CustomerKey], ev.Payload[m.ValueKey]
+		if ev.EventName != m.EventName {
+			rec.Usage.Meter = ""
+		}
 	}
 	return rec, nil
 }
@@ -366,9 +377,12 @@ func (c *Client) deleteInvoiceItem(ctx context.Context, r billing.Request) (bill
 	p.IdempotencyKey = stripe.String(r.IdempotencyKey)
 	_, err := c.sc.V1InvoiceItems.Delete(ctx, r.ReversesRef, p)
 	if se := stripeError(err); se != nil && se.Code == stripe.ErrorCodeResourceMissing {
-		// Gone already (our earlier attempt whose answer was lost, past Stripe's key
-		// window, or a human): the void's effect holds.
-		err = nil
+		// Gone — deleted by an earlier attempt whose answer was lost (Stripe does not
+		// replay DELETEs under a key), by a human — or never in this account and mode.
+		// Not proof either way: a human looks.
+		return billing.Record{}, &billing.Error{Class: billing.Terminal, Code: "invoice_item_missing", Status: se.HTTPStatusCode,
+			Unanswerable: true, Message: "Stripe has no invoice item " + r.ReversesRef + " in this account and mode: " +
+				"it was deleted (perhaps by an earlier attempt of this void) or the key is for another account or mode; check the dashboard"}
 	}
 	if err != nil {
 		if se := stripeError(err); se != nil && se.HTTPStatusCode == http.StatusBadRequest {
@@ -405,11 +419,18 @@ func (c *Client) Lookup(context.Context, string) (billing.Record, bool, error) {
 //     the same key, and the replay or the duplicate identifier is the answer.
 //   - a deleted invoice item (void): the item is read; gone (or deleted) is proof.
 func (c *Client) LookupRequest(ctx context.Context, r billing.Request) (billing.Record, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
 	switch {
 	case r.Type == billing.TypeVoid && strings.HasPrefix(r.ReversesRef, "ii_"):
 		p := &stripe.InvoiceItemRetrieveParams{}
 		it, err := c.sc.V1InvoiceItems.Retrieve(ctx, r.ReversesRef, p)
-		if se := stripeError(err); (se != nil && se.Code == stripe.ErrorCodeResourceMissing) || (err == nil && it.Deleted) {
+		if se := stripeError(err); se != nil && se.Code == stripe.ErrorCodeResourceMissing {
+			return billing.Record{}, false, &billing.Error{Class: billing.Terminal, Code: "invoice_item_missing", Unanswerable: true,
+				Message: "Stripe has no invoice item " + r.ReversesRef + " in this account and mode: it was deleted (perhaps by this void) " +
+					"or the key is for another account or mode; check the dashboard"}
+		}
+		if err == nil && it.Deleted {
 			rec := billing.Record{ID: "deleted:" + r.ReversesRef, Status: billing.StatusSettled, SettlementKey: r.SettlementKey,
 				IdempotencyKey: r.IdempotencyKey, Customer: r.Customer, Type: r.Type, Reverses: r.Reverses}
 			if r.Amount != nil {
@@ -466,6 +487,8 @@ const maxLookupItems = 1000
 // and are left out. Meter events cannot be listed: they are compared through the
 // meters' event summaries instead (Summaries).
 func (c *Client) List(ctx context.Context, since time.Time, cursor string) ([]billing.Record, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
 	p := &stripe.InvoiceItemListParams{CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()}}
 	p.Limit = stripe.Int64(pageSize)
 	if cursor != "" {
@@ -506,6 +529,9 @@ func (t *classifying) RoundTrip(req *http.Request) (*http.Response, error) {
 		GotConn: func(httptrace.GotConnInfo) { got.Store(true) },
 	}
 	mutating := req.Method != http.MethodGet
+	if err := req.Context().Err(); err != nil {
+		return nil, billing.TransportError(err, true, mutating) // nothing was sent
+	}
 	resp, err := base.RoundTrip(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
 	if err != nil {
 		return nil, billing.TransportError(err, asked.Load() && !got.Load(), mutating)
@@ -534,7 +560,9 @@ func classify(err error, mutating bool) *billing.Error {
 	se := stripeError(err)
 	if se == nil {
 		// No Stripe error and no transport error: the reply was unreadable.
-		e := &billing.Error{Class: billing.Ambiguous, Code: "unreadable_reply", Message: "Stripe's reply could not be read", Err: err}
+		// stripe-go's error may quote the reply's body: it is not kept (billing.Error
+		// never carries a body).
+		e := &billing.Error{Class: billing.Ambiguous, Code: "unreadable_reply", Message: "Stripe's reply could not be read"}
 		if !mutating {
 			e.Class = billing.Transient
 		}
@@ -552,13 +580,14 @@ func classify(err error, mutating bool) *billing.Error {
 		header = se.LastResponse.Header
 	}
 	switch {
+	case se.HTTPStatusCode == http.StatusConflict:
+		// First, whatever its type says: a request under this key may still commit.
+		e.Class, e.InFlight = billing.Transient, true
+		e.Message = "a request with the same idempotency key is in progress at Stripe"
 	case se.Type == stripe.ErrorTypeIdempotency:
 		// The key was used with other parameters: no retry can fix it.
 		e.Class, e.KeyReused = billing.Terminal, true
 		e.Message = "Stripe holds this idempotency key with other parameters"
-	case se.HTTPStatusCode == http.StatusConflict && se.Code == stripe.ErrorCodeIdempotencyKeyInUse:
-		e.Class, e.InFlight = billing.Transient, true
-		e.Message = "a request with the same idempotency key is in progress at Stripe"
 	case se.HTTPStatusCode == http.StatusTooManyRequests:
 		e.Class = billing.Transient
 		e.RetryAfter = billing.RetryAfter(header, time.Now())
