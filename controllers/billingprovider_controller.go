@@ -164,12 +164,8 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 
 	policy := reconciliationPolicyOf(bp)
 	now := r.now()
-	interval := policy.interval
-	if r.walks.pending(bp.UID) && interval > continueWalkAfter {
-		interval = continueWalkAfter // a cut walk goes on soon, not a whole interval later
-	}
 	if last := bp.Status.LastReconciliation; last != nil {
-		if due := last.Add(interval); now.Before(due) {
+		if due := last.Add(r.passInterval(bp.UID, policy)); now.Before(due) {
 			return ctrl.Result{RequeueAfter: due.Sub(now)}, nil
 		}
 	}
@@ -192,11 +188,18 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 		return ctrl.Result{}, err
 	}
 	if err != nil {
-		interval = policy.interval // a failed pass is not hurried
-	} else if r.walks.pending(bp.UID) && interval > continueWalkAfter {
-		interval = continueWalkAfter
+		return ctrl.Result{RequeueAfter: policy.interval}, nil // a failed pass is not hurried
 	}
-	return ctrl.Result{RequeueAfter: interval}, nil
+	return ctrl.Result{RequeueAfter: r.passInterval(bp.UID, policy)}, nil
+}
+
+// passInterval is how long after a pass the next is due: the policy's interval, or
+// continueWalkAfter while a walk the last pass cut goes on.
+func (r *BillingProviderReconciler) passInterval(uid types.UID, policy reconciliationPolicy) time.Duration {
+	if r.walks.pending(uid) {
+		return min(policy.interval, continueWalkAfter)
+	}
+	return policy.interval
 }
 
 // applyHealth writes the ProviderHealthy condition from the latest calls and, while

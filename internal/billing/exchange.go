@@ -51,25 +51,9 @@ type Response struct {
 // The returned error is always an *Error. Non-2xx replies are not errors here: callers
 // handle the statuses their contract defines and pass the rest to StatusError.
 func Do(hc *http.Client, req *http.Request, mutating bool) (Response, error) {
-	// GetConn fires when the transport starts looking for a connection and GotConn when
-	// it has one, before a single byte of the request is written. Both only fire for
-	// transports that support httptrace (net/http's do); for others we fall back to
-	// recognising dial errors.
-	var askedConn, gotConn atomic.Bool
-	trace := &httptrace.ClientTrace{
-		GetConn: func(string) { askedConn.Store(true) },
-		GotConn: func(httptrace.GotConnInfo) { gotConn.Store(true) },
-	}
-	if err := req.Context().Err(); err != nil {
-		// Already cancelled or past its deadline: nothing will be sent.
-		return Response{}, transportError(err, true, mutating)
-	}
-	req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
-
-	resp, err := hc.Do(req)
+	resp, err := send(req, mutating, hc.Do)
 	if err != nil {
-		neverConnected := askedConn.Load() && !gotConn.Load()
-		return Response{}, transportError(err, neverConnected, mutating)
+		return Response{}, err
 	}
 	defer resp.Body.Close()
 
@@ -86,11 +70,44 @@ func Do(hc *http.Client, req *http.Request, mutating bool) (Response, error) {
 	return out, nil
 }
 
-// TransportError classifies a failure where no complete reply arrived, for adapters
-// that own their transport (Stripe's client): neverConnected is true when no
-// connection was obtained, so the request provably never left.
-func TransportError(err error, neverConnected, mutating bool) *Error {
-	return transportError(err, neverConnected, mutating)
+// send makes one exchange and classifies its failure as Do describes.
+func send(req *http.Request, mutating bool, do func(*http.Request) (*http.Response, error)) (*http.Response, error) {
+	// GetConn fires when the transport starts looking for a connection and GotConn when
+	// it has one, before a single byte of the request is written. Both only fire for
+	// transports that support httptrace (net/http's do); for others we fall back to
+	// recognising dial errors.
+	var askedConn, gotConn atomic.Bool
+	trace := &httptrace.ClientTrace{
+		GetConn: func(string) { askedConn.Store(true) },
+		GotConn: func(httptrace.GotConnInfo) { gotConn.Store(true) },
+	}
+	if err := req.Context().Err(); err != nil {
+		// Already cancelled or past its deadline: nothing will be sent.
+		return nil, transportError(err, true, mutating)
+	}
+	resp, err := do(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
+	if err != nil {
+		neverConnected := askedConn.Load() && !gotConn.Load()
+		return nil, transportError(err, neverConnected, mutating)
+	}
+	return resp, nil
+}
+
+// ClassifyingTransport is an http.RoundTripper that classifies a failed exchange by
+// Do's rule and returns the *Error, for adapters whose client library makes the call
+// (stripe-go): any method but GET counts as mutating.
+type ClassifyingTransport struct {
+	// Base makes the exchange (http.DefaultTransport when nil).
+	Base http.RoundTripper
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *ClassifyingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	return send(req, req.Method != http.MethodGet, base.RoundTrip)
 }
 
 // transportError classifies a failure where no complete reply arrived.

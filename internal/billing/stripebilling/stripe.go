@@ -26,11 +26,9 @@ import (
 	"fmt"
 	"math/big"
 	"net/http"
-	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/stripe/stripe-go/v82"
@@ -163,7 +161,7 @@ func New(cfg Config) (*Client, error) {
 	// client's own timeout replaces the transport's error with its own text, and the
 	// classification (never connected / sent) would be lost.
 	hc := billing.NoRedirectClient()
-	hc.Transport = &classifying{base: hc.Transport}
+	hc.Transport = &billing.ClassifyingTransport{Base: hc.Transport}
 	endpoint := strings.TrimRight(cfg.Endpoint, "/")
 	backends := stripe.NewBackendsWithConfig(&stripe.BackendConfig{
 		URL: stripe.String(endpoint), HTTPClient: hc, MaxNetworkRetries: stripe.Int64(0),
@@ -228,10 +226,20 @@ func WholeQuantity(q string) (string, error) {
 	return v.Num().String(), nil
 }
 
-func (c *Client) meterEvent(ctx context.Context, r billing.Request) (billing.Record, error) {
-	m, ok := c.meters[r.Usage.Meter]
+// meter is the Stripe meter of a usage meter; one not configured is refused, never
+// sent under a guessed name.
+func (c *Client) meter(name string) (Meter, error) {
+	m, ok := c.meters[name]
 	if !ok {
-		return billing.Record{}, terminal("unknown_meter", fmt.Sprintf("no Stripe meter is configured for usage meter %q (spec.stripe.meters)", r.Usage.Meter))
+		return Meter{}, terminal("unknown_meter", fmt.Sprintf("no Stripe meter is configured for usage meter %q (spec.stripe.meters)", name))
+	}
+	return m, nil
+}
+
+func (c *Client) meterEvent(ctx context.Context, r billing.Request) (billing.Record, error) {
+	m, err := c.meter(r.Usage.Meter)
+	if err != nil {
+		return billing.Record{}, err
 	}
 	value, err := WholeQuantity(r.Usage.Quantity)
 	if err != nil {
@@ -291,9 +299,9 @@ func (c *Client) cancelMeterEvent(ctx context.Context, r billing.Request) (billi
 	if r.Usage == nil {
 		return billing.Record{}, terminal("usage_required", "cancelling a meter event needs the usage it reverses")
 	}
-	m, ok := c.meters[r.Usage.Meter]
-	if !ok {
-		return billing.Record{}, terminal("unknown_meter", fmt.Sprintf("no Stripe meter is configured for usage meter %q (spec.stripe.meters)", r.Usage.Meter))
+	m, err := c.meter(r.Usage.Meter)
+	if err != nil {
+		return billing.Record{}, err
 	}
 	p := &stripe.BillingMeterEventAdjustmentCreateParams{
 		EventName: stripe.String(m.EventName), Type: stripe.String("cancel"),
@@ -379,10 +387,7 @@ func (c *Client) deleteInvoiceItem(ctx context.Context, r billing.Request) (bill
 	if se := stripeError(err); se != nil && se.Code == stripe.ErrorCodeResourceMissing {
 		// Gone — deleted by an earlier attempt whose answer was lost (Stripe does not
 		// replay DELETEs under a key), by a human — or never in this account and mode.
-		// Not proof either way: a human looks.
-		return billing.Record{}, &billing.Error{Class: billing.Terminal, Code: "invoice_item_missing", Status: se.HTTPStatusCode,
-			Unanswerable: true, Message: "Stripe has no invoice item " + r.ReversesRef + " in this account and mode: " +
-				"it was deleted (perhaps by an earlier attempt of this void) or the key is for another account or mode; check the dashboard"}
+		return billing.Record{}, missingItem(r.ReversesRef, se.HTTPStatusCode)
 	}
 	if err != nil {
 		if se := stripeError(err); se != nil && se.HTTPStatusCode == http.StatusBadRequest {
@@ -392,13 +397,27 @@ func (c *Client) deleteInvoiceItem(ctx context.Context, r billing.Request) (bill
 		}
 		return billing.Record{}, classify(err, true)
 	}
+	return voidRecord(r), nil
+}
+
+// voidRecord is the record of a void that deleted the invoice item it reverses.
+func voidRecord(r billing.Request) billing.Record {
 	rec := billing.Record{ID: "deleted:" + r.ReversesRef, Status: billing.StatusSettled, SettlementKey: r.SettlementKey,
 		IdempotencyKey: r.IdempotencyKey, Customer: r.Customer, Type: r.Type, Reverses: r.Reverses}
 	if r.Amount != nil {
 		a := *r.Amount
 		rec.Amount = &a
 	}
-	return rec, nil
+	return rec
+}
+
+// missingItem answers an invoice item Stripe does not have: Stripe says the same of a
+// deleted item and of one never in this account and mode, so it proves nothing either
+// way and a human looks.
+func missingItem(ref string, status int) *billing.Error {
+	return &billing.Error{Class: billing.Terminal, Code: "invoice_item_missing", Status: status, Unanswerable: true,
+		Message: "Stripe has no invoice item " + ref + " in this account and mode: it was deleted (perhaps by an earlier " +
+			"attempt of this void) or the key is for another account or mode; check the dashboard"}
 }
 
 // Lookup cannot ask Stripe by key alone: Stripe has no lookup by idempotency key.
@@ -417,7 +436,8 @@ func (c *Client) Lookup(context.Context, string) (billing.Record, bool, error) {
 //     answer is Unanswerable, with what to check in the Stripe dashboard; inside
 //     Stripe's 24-hour key window the controller does not ask at all, it resends with
 //     the same key, and the replay or the duplicate identifier is the answer.
-//   - a deleted invoice item (void): the item is read; gone (or deleted) is proof.
+//   - a deleted invoice item (void): the item is read; Stripe's "deleted" is proof,
+//     a 404 is not (Stripe says the same of an item never in this account and mode).
 func (c *Client) LookupRequest(ctx context.Context, r billing.Request) (billing.Record, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
@@ -426,18 +446,10 @@ func (c *Client) LookupRequest(ctx context.Context, r billing.Request) (billing.
 		p := &stripe.InvoiceItemRetrieveParams{}
 		it, err := c.sc.V1InvoiceItems.Retrieve(ctx, r.ReversesRef, p)
 		if se := stripeError(err); se != nil && se.Code == stripe.ErrorCodeResourceMissing {
-			return billing.Record{}, false, &billing.Error{Class: billing.Terminal, Code: "invoice_item_missing", Unanswerable: true,
-				Message: "Stripe has no invoice item " + r.ReversesRef + " in this account and mode: it was deleted (perhaps by this void) " +
-					"or the key is for another account or mode; check the dashboard"}
+			return billing.Record{}, false, missingItem(r.ReversesRef, se.HTTPStatusCode)
 		}
 		if err == nil && it.Deleted {
-			rec := billing.Record{ID: "deleted:" + r.ReversesRef, Status: billing.StatusSettled, SettlementKey: r.SettlementKey,
-				IdempotencyKey: r.IdempotencyKey, Customer: r.Customer, Type: r.Type, Reverses: r.Reverses}
-			if r.Amount != nil {
-				a := *r.Amount
-				rec.Amount = &a
-			}
-			return rec, true, nil
+			return voidRecord(r), true, nil
 		}
 		if err != nil {
 			return billing.Record{}, false, classify(err, false)
@@ -512,32 +524,6 @@ func (c *Client) List(ctx context.Context, since time.Time, cursor string) ([]bi
 }
 
 const pageSize = 100
-
-// classifying is the transport under stripe-go: it tells a request that never left
-// (Transient) from one that may have been processed (Ambiguous), by the rule every
-// adapter shares (billing.Do), and hands stripe-go a classified error.
-type classifying struct{ base http.RoundTripper }
-
-func (t *classifying) RoundTrip(req *http.Request) (*http.Response, error) {
-	base := t.base
-	if base == nil {
-		base = http.DefaultTransport
-	}
-	var asked, got atomic.Bool
-	trace := &httptrace.ClientTrace{
-		GetConn: func(string) { asked.Store(true) },
-		GotConn: func(httptrace.GotConnInfo) { got.Store(true) },
-	}
-	mutating := req.Method != http.MethodGet
-	if err := req.Context().Err(); err != nil {
-		return nil, billing.TransportError(err, true, mutating) // nothing was sent
-	}
-	resp, err := base.RoundTrip(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
-	if err != nil {
-		return nil, billing.TransportError(err, asked.Load() && !got.Load(), mutating)
-	}
-	return resp, nil
-}
 
 func stripeError(err error) *stripe.Error {
 	var se *stripe.Error
