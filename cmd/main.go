@@ -62,6 +62,7 @@ func main() {
 		leaderElectionID     string
 		operatorNamespace    string
 		transitionEvents     bool
+		eventStatusDelay     time.Duration
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8443",
 		"Address the metrics endpoint binds to; \"0\" disables it.")
@@ -82,6 +83,8 @@ func main() {
 		"Namespace of the leader-election Lease; required with --leader-elect outside a cluster.")
 	flag.BoolVar(&transitionEvents, "transition-events", false,
 		"Record a Normal Kubernetes Event for every routine step of a charge (submitted, settled); warnings, dead letters, replays and supersedes are always recorded.")
+	flag.DurationVar(&eventStatusDelay, "event-status-delay", controllers.DefaultEventStatusDelay,
+		"How long after receipt an event whose operations are all under way waits before its status is first written: one that finishes within it is written once (0: at once).")
 	flag.IntVar(&workers, "max-concurrent-reconciles", 4,
 		"Records each controller works on at once, settlements excepted (--settlement-workers).")
 	flag.IntVar(&settlementWorkers, "settlement-workers", 16,
@@ -231,7 +234,7 @@ func main() {
 	}
 	if err := (&controllers.WebhookEventReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: workers, Archive: store,
-		Recorder: mgr.GetEventRecorder(controllers.WebhookEventControllerName),
+		Recorder: mgr.GetEventRecorder(controllers.WebhookEventControllerName), StatusDelay: eventStatusDelay,
 	}).SetupWithManager(mgr); err != nil {
 		log.Error(err, "unable to set up controller", "controller", controllers.WebhookEventControllerName)
 		os.Exit(1)

@@ -128,7 +128,8 @@ func startManager(opts ...managerOptions) *runningManager {
 	Expect((&controllers.WebhookProviderReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		SecretRecheckInterval: 10 * time.Second, SecretWaitInterval: time.Second}).SetupWithManager(m)).To(Succeed())
 	Expect((&controllers.WebhookEventReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
-		Recorder: m.GetEventRecorder("webhookevent"), Archive: o.store}).SetupWithManager(m)).To(Succeed())
+		Recorder: m.GetEventRecorder("webhookevent"), Archive: o.store,
+		StatusDelay: controllers.DefaultEventStatusDelay}).SetupWithManager(m)).To(Succeed())
 	// Secrets are not watched: a fixed opt-in is seen at the next recheck, 1s here.
 	Expect((&controllers.JobCompletionReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("jobcompletion"), CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -50,6 +51,13 @@ type WebhookEventReconciler struct {
 	// MaxConcurrentReconciles is how many records are worked on at once (1): calls to
 	// slow peers must not queue every other record behind them.
 	MaxConcurrentReconciles int
+	// StatusDelay is how long after receipt a newly dispatched event whose operations
+	// are all under way and none has gone wrong waits before its status is written
+	// (docs/design.md §9): an event whose children finish within it gets one status write,
+	// the finished one, instead of two. Zero writes the decision at once.
+	StatusDelay time.Duration
+	// held keeps what each held first dispatch decided (holdDecision).
+	held heldDecisions
 	// Archive, when set, holds the records that left the cluster (docs/design.md §12):
 	// a new event is checked against the archived receipts before anything is
 	// dispatched, and a child missing from the cluster is looked up there before it is
@@ -67,10 +75,17 @@ type WebhookEventReconciler struct {
 func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var ev hooksv1alpha1.WebhookEvent
 	if err := r.Get(ctx, req.NamespacedName, &ev); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.held.drop(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	before := ev.DeepCopy()
 	ev.Status.ObservedGeneration = ev.Generation
+	if len(ev.Status.Operations) == 0 {
+		// A first dispatch whose write was held: go on from what it decided.
+		ev.Status.Operations = r.held.get(req.NamespacedName, ev.UID)
+	}
 
 	var err error
 	switch {
@@ -102,6 +117,10 @@ func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		}
 		err = r.dispatch(ctx, &ev)
 		derivePhase(&ev)
+		if wait := r.holdDecision(before, &ev); err == nil && wait > 0 {
+			r.held.put(req.NamespacedName, ev.UID, ev.Status.Operations, r.now())
+			return ctrl.Result{RequeueAfter: wait}, nil
+		}
 	}
 
 	var res ctrl.Result
@@ -132,7 +151,89 @@ func (r *WebhookEventReconciler) writeStatus(ctx context.Context, ev, before *ho
 		}
 		return ctrl.Result{}, err
 	}
+	if len(ev.Status.Operations) > 0 {
+		r.held.drop(client.ObjectKeyFromObject(ev)) // the status holds the decision now
+	}
 	return ctrl.Result{}, nil
+}
+
+// DefaultEventStatusDelay is the manager's default StatusDelay: most charges settle
+// well within it, and an event whose charge takes longer shows Dispatching after it.
+const DefaultEventStatusDelay = 5 * time.Second
+
+// heldDecisions keeps, in memory, the operations a first dispatch decided while its
+// status write is held, so the reconcile that writes them goes on from that decision
+// rather than deciding again: a child deleted in the meantime is then seen as deleted
+// (and not created again, §5.1), and the archive is not asked twice. Only a restart
+// inside the hold loses it; the next leader decides again from the children.
+type heldDecisions struct {
+	mu        sync.Mutex
+	byEvent   map[types.NamespacedName]heldDecision
+	lastPrune time.Time
+}
+
+type heldDecision struct {
+	uid types.UID
+	ops []hooksv1alpha1.OperationStatus
+	at  time.Time
+}
+
+// heldFor bounds how long an entry is kept if its event is never reconciled again
+// (another replica became leader): far longer than any StatusDelay.
+const heldFor = 10 * time.Minute
+
+func (h *heldDecisions) put(key types.NamespacedName, uid types.UID, ops []hooksv1alpha1.OperationStatus, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.byEvent == nil {
+		h.byEvent = map[types.NamespacedName]heldDecision{}
+	}
+	if now.Sub(h.lastPrune) > time.Minute {
+		for k, d := range h.byEvent {
+			if now.Sub(d.at) > heldFor {
+				delete(h.byEvent, k)
+			}
+		}
+		h.lastPrune = now
+	}
+	h.byEvent[key] = heldDecision{uid: uid, ops: slices.Clone(ops), at: now}
+}
+
+// get returns a copy of what is held for the event with this UID; nil when nothing is.
+func (h *heldDecisions) get(key types.NamespacedName, uid types.UID) []hooksv1alpha1.OperationStatus {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	d, ok := h.byEvent[key]
+	if !ok || d.uid != uid {
+		return nil
+	}
+	return slices.Clone(d.ops)
+}
+
+// drop forgets what was held for the event: its status holds it now, or it is gone.
+func (h *heldDecisions) drop(key types.NamespacedName) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.byEvent, key)
+}
+
+// holdDecision says how much longer a first dispatch's status may wait unwritten
+// (0: write it now). It waits only while nothing was recorded before, every operation
+// is decided and under way (no Pending outcome, nothing failing or ambiguous: those
+// are written at once, for on-call), and the event is younger than StatusDelay. The
+// children are then the record of what was decided: they exist with this event as
+// their source, so the next reconcile (the last child finishing, or the delay
+// running out) derives the same outcomes from them and writes them with the result.
+func (r *WebhookEventReconciler) holdDecision(before, ev *hooksv1alpha1.WebhookEvent) time.Duration {
+	if r.StatusDelay <= 0 || len(before.Status.Operations) > 0 || ev.Status.Phase != hooksv1alpha1.EventDispatching {
+		return 0
+	}
+	for _, op := range ev.Status.Operations {
+		if op.Outcome == hooksv1alpha1.OutcomePending {
+			return 0
+		}
+	}
+	return r.StatusDelay - r.now().Sub(ev.CreationTimestamp.Time)
 }
 
 // defaultEventRetention applies when a provider predates the retention field.

@@ -99,6 +99,11 @@ func (s *Server) CommitThen500Next(n int) { s.enqueue(n, fault{kind: faultCommit
 // as in flight during the delay, so concurrent requests with it get 409.
 func (s *Server) SlowNext(n int, d time.Duration) { s.enqueue(n, fault{kind: faultSlow, delay: d}) }
 
+// SlowNextFor is SlowNext for the POSTs with one idempotency key only.
+func (s *Server) SlowNextFor(key string, n int, d time.Duration) {
+	s.enqueue(n, fault{kind: faultSlow, delay: d, key: key})
+}
+
 // CommitLaterNext makes the next n POSTs be processed for d whatever the client does:
 // the key stays in flight (other requests with it get 409 in use) and the charge
 // commits after d even if the client gave up long before — a provider still working
