@@ -154,10 +154,13 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 		}
 		setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 			reason, truncateMessage(err.Error()))
-		// No call is made without usable credentials: what earlier calls said is stale.
+		// No call is made without usable credentials: what earlier calls said is stale,
+		// and so is the mode of a key that cannot be used.
 		apimeta.RemoveStatusCondition(&bp.Status.Conditions, hooksv1alpha1.ConditionProviderHealthy)
+		bp.Status.Mode = ""
 		return ctrl.Result{RequeueAfter: r.credentialRecheck()}, nil
 	}
+	bp.Status.Mode = adapters.Mode(c) // a Stripe key's test or live mode, for all to see
 	// Deferred: the pass below calls the provider too, and its outcome belongs in this
 	// write. Ready is decided once, so its lastTransitionTime keeps its meaning.
 	defer r.applyHealth(bp)

@@ -111,8 +111,9 @@ type settlementScope struct {
 	// target is where the provider points now (compared with status.sentTo).
 	target hooksv1alpha1.ProviderTarget
 	now    time.Time
-	// reverses is the original's settlement key, for compensations.
-	reverses string
+	// reverses is the original's settlement key, for compensations, and reversesRef
+	// the provider's reference of it (what Stripe cancels, deletes or credits).
+	reverses, reversesRef string
 	// forceLookup: a new reconcile-request token asks the provider by key now.
 	forceLookup bool
 	// reconcileToken is that token, recorded once the lookup was made.

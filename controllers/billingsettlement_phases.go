@@ -19,6 +19,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 )
 
@@ -275,27 +276,28 @@ func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *se
 		return ctrl.Result{RequeueAfter: wait}, nil
 	}
 	s.client = c
+	s.target.Mode = adapters.Mode(c)
 	// The original's key travels in every request and every comparison.
-	if s.reverses, err = reversedKey(ctx, r.Client, r.Archive, bs); err != nil {
+	if s.reverses, s.reversesRef, err = reversedKey(ctx, r.Client, r.Archive, bs); err != nil {
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{}, nil
 }
 
-// reversedKey is the settlement key of the settlement a Refund or Void reverses ("" for
-// a charge, or when the original is gone).
-func reversedKey(ctx context.Context, reader client.Reader, store *archive.Store, bs *hooksv1alpha1.BillingSettlement) (string, error) {
+// reversedKey is the settlement key of the settlement a Refund or Void reverses, and
+// the provider's reference of it ("" for a charge, or when the original is gone).
+func reversedKey(ctx context.Context, reader client.Reader, store *archive.Store, bs *hooksv1alpha1.BillingSettlement) (key, ref string, _ error) {
 	if bs.Spec.Reverses == "" {
-		return "", nil
+		return "", "", nil
 	}
 	orig, _, err := settlementInClusterOrArchive(ctx, reader, store, bs.Namespace, bs.Spec.Reverses)
 	if apierrors.IsNotFound(err) {
-		return "", nil
+		return "", "", nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("get reversed settlement %s: %w", bs.Spec.Reverses, err)
+		return "", "", fmt.Errorf("get reversed settlement %s: %w", bs.Spec.Reverses, err)
 	}
-	return orig.Spec.SettlementKey, nil
+	return orig.Spec.SettlementKey, orig.Status.ProviderRef, nil
 }
 
 // resolveProviderIfHeld resolves the provider for a settlement being deleted only if
@@ -393,7 +395,7 @@ func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *
 				orig.Name, total, charged.Minor, charged.Currency))
 		}
 	}
-	s.reverses = orig.Spec.SettlementKey
+	s.reverses, s.reversesRef = orig.Spec.SettlementKey, orig.Status.ProviderRef
 	return ctrl.Result{}, nil
 }
 
@@ -500,6 +502,9 @@ func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementSc
 			}
 			looked = true
 			obs = r.lookup(ctx, s)
+			// What follows may be a resend bounded by the key window: judge it by the
+			// clock after the lookup, which may have taken a while.
+			s.now = r.now()
 		case actRelease:
 			return r.release(ctx, s)
 		case actWait, actHold:
@@ -568,7 +573,7 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 	}
 	s.before = bs.DeepCopy()
 
-	req := requestOf(bs, s.reverses)
+	req := s.request()
 	called := time.Now()
 	rec, err := s.client.Submit(ctx, req)
 	observeBillingCall(bs.Namespace, bs.Spec.BillingProviderRef, "submit", called, err)
@@ -619,8 +624,9 @@ func (r *BillingSettlementReconciler) lookup(ctx context.Context, s *settlementS
 		// asking on its own backoff anyway.
 		bs.Status.ReconcileRequest = s.reconcileToken
 	}
+	req := s.request()
 	called := time.Now()
-	rec, found, err := s.client.Lookup(ctx, bs.Spec.IdempotencyKey)
+	rec, found, err := billing.LookupFor(ctx, s.client, req)
 	observeBillingCall(bs.Namespace, bs.Spec.BillingProviderRef, "lookup", called, err)
 	if err != nil {
 		return failureObservation(err, s.now, &bs.Status)
@@ -628,7 +634,14 @@ func (r *BillingSettlementReconciler) lookup(ctx context.Context, s *settlementS
 	if !found {
 		return observation{kind: obsNotFound}
 	}
-	return recordObservation(requestOf(bs, s.reverses), rec, false)
+	return recordObservation(req, rec, false)
+}
+
+// request is what this settlement sends (and is compared with).
+func (s *settlementScope) request() billing.Request {
+	req := requestOf(s.bs, s.reverses)
+	req.ReversesRef = s.reversesRef
+	return req
 }
 
 // recordObservation turns a provider record into an observation, comparing it with
@@ -649,6 +662,8 @@ func failureObservation(err error, now time.Time, st *hooksv1alpha1.BillingSettl
 	if e, ok := billing.AsError(err); ok {
 		o.retryAfter = e.RetryAfter
 		switch {
+		case e.Unanswerable:
+			o.kind = obsUnanswerable
 		case e.KeyReused:
 			o.kind = obsKeyReused
 		case e.InFlight:

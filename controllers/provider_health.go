@@ -144,8 +144,8 @@ func healthOf(bp *hooksv1alpha1.BillingProvider, err error) (reason, message str
 		return hooksv1alpha1.ReasonCallsSucceeding, "the latest calls reached " + bp.Spec.Endpoint + " and it accepted the credentials"
 	}
 	e, ok := billing.AsError(err)
-	if !ok {
-		return "", ""
+	if !ok || e.Unanswerable {
+		return "", "" // (a lookup the adapter cannot make says nothing about the provider)
 	}
 	switch {
 	case e.Status == http.StatusUnauthorized || e.Status == http.StatusForbidden:
@@ -202,6 +202,16 @@ func (c observedClient) Lookup(ctx context.Context, key string) (billing.Record,
 	c.observe(err)
 	return rec, found, err
 }
+
+// LookupRequest asks through the adapter's own lookup by request, if it has one.
+func (c observedClient) LookupRequest(ctx context.Context, r billing.Request) (billing.Record, bool, error) {
+	rec, found, err := billing.LookupFor(ctx, c.Client, r)
+	c.observe(err)
+	return rec, found, err
+}
+
+// Unwrap is the adapter (billing.Unwrap).
+func (c observedClient) Unwrap() billing.Client { return c.Client }
 
 func (c observedClient) List(ctx context.Context, since time.Time, cursor string) ([]billing.Record, string, error) {
 	items, next, err := c.Client.List(ctx, since, cursor)

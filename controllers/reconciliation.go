@@ -794,9 +794,32 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 			bs.Status.SettledAt == nil || bs.Status.SettledAt.Time.Before(since) {
 			continue
 		}
+		reverses, reversesRef, err := reversedKey(ctx, r.Client, r.Archive, bs)
+		if err != nil {
+			return err
+		}
+		req := requestOf(bs, reverses)
+		req.ReversesRef = reversesRef
 		called := time.Now()
-		rec, found, err := c.Lookup(ctx, bs.Spec.IdempotencyKey)
+		rec, found, err := billing.LookupFor(ctx, c, req)
 		observeBillingCall(bp.Namespace, bp.Name, "lookup", called, err)
+		if e, ok := billing.AsError(err); ok && e.Unanswerable {
+			if e.Unreadable {
+				// Stripe can neither list nor read back meter events: the settlement rests
+				// on the provider's answer to its submission, which it matched field by
+				// field. Counted and marked (so it may be archived).
+				p.examined["SettlementNotComparable"]++
+				r.markCompared(ctx, bs, hooksv1alpha1.ReasonProviderCannotAnswer,
+					"the provider cannot list or read back this kind of record: it rests on the provider's answer to its submission; "+
+						"compare the provider's own totals (Stripe: the meter's event summaries) in its dashboard", now)
+				continue
+			}
+			p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyLocalSettledProviderUnknown, Object: "BillingSettlement/" + bs.Name,
+				ProviderRef: bs.Status.ProviderRef, Action: hooksv1alpha1.RepairManualReview,
+				Message: truncateMessage(fmt.Sprintf("settled locally as %s, but the provider could not be asked about key %s: %s",
+					bs.Status.ProviderRef, bs.Spec.IdempotencyKey, e.Message))})
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("look up %s: %w", bs.Spec.IdempotencyKey, err)
 		}
@@ -824,7 +847,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 // it ("" when it can): a field that differs or is missing (fail closed), or an earlier
 // disagreement the settlement recorded. It names fields, never another record's values.
 func (r *BillingProviderReconciler) notProvablyOurs(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, rec billing.Record) string {
-	reverses, _ := reversedKey(ctx, r.Client, r.Archive, bs) // unreadable: "" fails the comparison, closed
+	reverses, _, _ := reversedKey(ctx, r.Client, r.Archive, bs) // unreadable: "" fails the comparison, closed
 	if m, ok := RecordMatches(bs, reverses, rec); !ok {
 		return fmt.Sprintf("the provider's record %s under key %s is not provably this settlement: %s", rec.ID, bs.Spec.IdempotencyKey, m)
 	}
@@ -878,17 +901,21 @@ func (r *BillingProviderReconciler) touch(ctx context.Context, ev *hooksv1alpha1
 // them; the optimistic lock still guards against a concurrent write (next pass
 // retries).
 func (r *BillingProviderReconciler) markReconciled(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, rec billing.Record, now time.Time) {
-	if c := findCondition(bs, hooksv1alpha1.ConditionReconciled); c != nil && c.Status == metav1.ConditionTrue {
-		return
-	}
 	if bs.Status.ProviderRef != "" && rec.ID != bs.Status.ProviderRef {
 		return // another record than the one the settlement adopted confirms nothing
+	}
+	r.markCompared(ctx, bs, hooksv1alpha1.ReasonConfirmedByProvider, fmt.Sprintf("the provider's record %s matches", rec.ID), now)
+}
+
+// markCompared sets Reconciled=True: the pass has done what it can for this settlement.
+func (r *BillingProviderReconciler) markCompared(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, reason, message string, now time.Time) {
+	if c := findCondition(bs, hooksv1alpha1.ConditionReconciled); c != nil && c.Status == metav1.ConditionTrue {
+		return
 	}
 	base := bs.DeepCopy()
 	t := metav1.NewTime(now)
 	bs.Status.LastReconciledAt = &t
-	setCondition(&bs.Status.Conditions, bs.Generation, hooksv1alpha1.ConditionReconciled, metav1.ConditionTrue,
-		hooksv1alpha1.ReasonConfirmedByProvider, fmt.Sprintf("the provider's record %s matches", rec.ID))
+	setCondition(&bs.Status.Conditions, bs.Generation, hooksv1alpha1.ConditionReconciled, metav1.ConditionTrue, reason, truncateMessage(message))
 	if _, err := patchStatus(ctx, r.Client, bs, base, true); err != nil {
 		log.FromContext(ctx).V(1).Info("mark reconciled skipped", "settlement", bs.Name, "error", err.Error())
 	}

@@ -85,10 +85,13 @@ const (
 	// obsInFlight: the provider refused the call because a request with the same key is
 	// still being processed (409 in use): that request may yet commit.
 	obsInFlight
+	// obsUnanswerable: a lookup the provider cannot answer at all (Stripe cannot read
+	// meter events back): asking again will not help.
+	obsUnanswerable
 )
 
 func (k observationKind) String() string {
-	return [...]string{"None", "Record", "NotFound", "Transient", "Ambiguous", "Terminal", "KeyReused", "InFlight"}[k]
+	return [...]string{"None", "Record", "NotFound", "Transient", "Ambiguous", "Terminal", "KeyReused", "InFlight", "Unanswerable"}[k]
 }
 
 // observation is the answer to the call the previous decision asked for.
@@ -294,7 +297,7 @@ func afterCall(in decisionInput, d decision) decision {
 				// safe inside the key window and gets an answer about it (409 while it
 				// is processed); nothing is dead-lettered or released until a "not
 				// found" comes after the settle time.
-				inWindow := st.FirstSubmittedAt == nil || in.now.Sub(st.FirstSubmittedAt.Time) < in.policy.keyWindow
+				inWindow := st.FirstSubmittedAt == nil || in.now.Before(resendableUntil(st.FirstSubmittedAt.Time, in.policy))
 				spent, _ := budgetSpent(st, in.policy, in.now)
 				final := d.state == hooksv1alpha1.SettlementSettled || d.state == hooksv1alpha1.SettlementFailed ||
 					d.state == hooksv1alpha1.SettlementRequiresReconciliation
@@ -315,6 +318,8 @@ func afterCall(in decisionInput, d decision) decision {
 		// Authoritative: nothing under this key, so nothing moved.
 		d.action, d.exposure = actContinue, hooksv1alpha1.ExposureNone
 		return d
+	case obsUnanswerable:
+		return unanswerable(in, d)
 	case obsKeyReused:
 		d.lastSubmission = hooksv1alpha1.SubmissionRefused
 		d.action, d.state, d.failures = actDone, hooksv1alpha1.SettlementRequiresReconciliation, 0
@@ -392,6 +397,66 @@ func afterCall(in decisionInput, d decision) decision {
 	if spent, why := budgetSpent(st, in.policy, in.now); spent && d.exposure != hooksv1alpha1.ExposureNone {
 		d.message = "retries exhausted (" + why + "), but money may be at the provider: it is never dead-lettered, only asked by key until it answers; " + d.message
 	}
+	return d
+}
+
+// resendMargin keeps a resend under the key clear of the end of the provider's key
+// window, beyond the time the lookup before it and the resend itself may take
+// (2 × requestTimeout): the request must arrive while the provider still
+// deduplicates it, with room for clock skew between replicas.
+const resendMargin = time.Minute
+
+// resendableUntil is the last moment a settlement first sent at first may be sent
+// again under its key because a lookup could not answer.
+func resendableUntil(first time.Time, p retryPolicy) time.Time {
+	return first.Add(p.keyWindow - resendMargin - 2*p.requestTimeout)
+}
+
+// unanswerable decides after a lookup the provider cannot answer (docs/design.md §13).
+// Inside the key window since the first attempt (resendableUntil), within the retry
+// budget and not deleting, the same request goes again under the same key: the
+// provider replays its first answer, or refuses a duplicate, and that is the answer.
+// Otherwise nothing proves either way and nothing is sent: a human compares with the
+// provider, as the adapter's message says. A submission answered this way (Stripe's
+// 404 for a resent delete) is not resent either: the provider does not replay it.
+// (Nothing possibly moved: a failed lookup changes nothing.)
+func unanswerable(in decisionInput, d decision) decision {
+	st := in.status
+	if in.obs.submit {
+		d.lastSubmission, d.exposure = hooksv1alpha1.SubmissionMaybeReceived, hooksv1alpha1.ExposurePossible
+	}
+	if d.exposure == hooksv1alpha1.ExposureNone {
+		d.action = actContinue
+		return d
+	}
+	switch d.state {
+	case hooksv1alpha1.SettlementSettled, hooksv1alpha1.SettlementFailed, hooksv1alpha1.SettlementRequiresReconciliation:
+		// Final already (a reconcile request asked): it stays what it is, and why.
+		d.action = actDone
+		return d
+	}
+	spent, why := budgetSpent(st, in.policy, in.now)
+	first := st.FirstSubmittedAt
+	if first != nil && in.now.Before(resendableUntil(first.Time, in.policy)) && !in.deleting && !spent && !in.obs.submit {
+		d.action, d.reason = actSubmit, hooksv1alpha1.ReasonSubmittedToProvider
+		return d
+	}
+	d.action, d.state, d.failures = actDone, hooksv1alpha1.SettlementRequiresReconciliation, 0
+	d.reason = hooksv1alpha1.ReasonProviderCannotAnswer
+	switch {
+	case in.obs.submit:
+		d.message = "the provider's answer proves nothing about this key, and it does not replay the request: "
+	case first == nil:
+		d.message = "this record never sent its key, but an earlier one may have, and the provider cannot be asked about it: "
+	case spent:
+		d.message = "retries exhausted (" + why + ") and the provider cannot be asked about this key, so nothing is sent again: "
+	case in.deleting:
+		d.message = "the settlement is being deleted and the provider cannot be asked about this key: "
+	default:
+		d.message = "the provider cannot be asked about this key, and its idempotency window has passed since the first attempt, " +
+			"so nothing is sent again: "
+	}
+	d.message += in.obs.message
 	return d
 }
 

@@ -39,9 +39,19 @@ const (
 var (
 	allStates    = []S{pending, submitted, settled, failed, rr}
 	allExposures = []E{none, possible, confirmed}
-	allObs       = []observationKind{obsNone, obsRecord, obsNotFound, obsTransient, obsAmbiguous, obsTerminal, obsKeyReused, obsInFlight}
+	allObs       = []observationKind{obsNone, obsRecord, obsNotFound, obsTransient, obsAmbiguous, obsTerminal, obsKeyReused, obsInFlight, obsUnanswerable}
 	recStatuses  = []string{billing.StatusPending, billing.StatusSettled, billing.StatusFailed}
 )
+
+// firstAttempts are how long before now the first attempt was, for the sweep: -1
+// keeps statusOfPair's; answers the key window bounds (an unanswerable lookup) get
+// none, one well inside it, one just before resendableUntil's margin and one past it.
+func firstAttempts(st *hooksv1alpha1.BillingSettlementStatus, kind observationKind) []time.Duration {
+	if kind != obsUnanswerable && kind != obsNotFound || st.FirstSubmittedAt == nil {
+		return []time.Duration{-1}
+	}
+	return []time.Duration{-1, time.Minute, policy.keyWindow - 30*time.Second, policy.keyWindow + time.Hour}
+}
 
 func statusOfPair(state S, exp E) *hooksv1alpha1.BillingSettlementStatus {
 	st := &hooksv1alpha1.BillingSettlementStatus{State: state, Exposure: exp}
@@ -75,18 +85,23 @@ func TestDecisionInvariants(t *testing.T) {
 									st.Attempts = policy.maxAttempts
 								}
 								for _, last := range []hooksv1alpha1.SubmissionOutcome{"", hooksv1alpha1.SubmissionMaybeReceived, hooksv1alpha1.SubmissionNotReceived} {
-									st := st.DeepCopy()
-									st.LastSubmission = last
-									if st.FirstSubmittedAt != nil {
-										st.LastAttemptAt = &metav1.Time{Time: t0.Add(-5 * time.Second)}
+									for _, firstAgo := range firstAttempts(st, kind) {
+										st := st.DeepCopy()
+										st.LastSubmission = last
+										if firstAgo >= 0 && st.FirstSubmittedAt != nil {
+											st.FirstSubmittedAt = &metav1.Time{Time: t0.Add(-firstAgo)}
+										}
+										if st.FirstSubmittedAt != nil {
+											st.LastAttemptAt = &metav1.Time{Time: t0.Add(-5 * time.Second)}
+										}
+										in := decisionInput{status: st, policy: policy, deleting: deleting, now: t0, random: 0.5,
+											obs: observation{kind: kind, submit: submit, status: rs, priorExposure: exp,
+												priorLastSubmission: last, message: "x"}}
+										d := decide(in)
+										n++
+										name := fmt.Sprintf("%s/%s/%s/submit=%v/deleting=%v/spent=%v/%s/last=%s/first=-%s", state, exp, kind, submit, deleting, spent, rs, last, firstAgo)
+										checkInvariants(t, name, in, d)
 									}
-									in := decisionInput{status: st, policy: policy, deleting: deleting, now: t0, random: 0.5,
-										obs: observation{kind: kind, submit: submit, status: rs, priorExposure: exp,
-											priorLastSubmission: last, message: "x"}}
-									d := decide(in)
-									n++
-									name := fmt.Sprintf("%s/%s/%s/submit=%v/deleting=%v/spent=%v/%s/last=%s", state, exp, kind, submit, deleting, spent, rs, last)
-									checkInvariants(t, name, in, d)
 								}
 							}
 						}
@@ -113,8 +128,36 @@ func checkInvariants(t *testing.T, name string, in decisionInput, d decision) {
 	if d.deadLetter && d.state != failed {
 		t.Errorf("%s: dead-lettered but state %s", name, d.state)
 	}
-	if d.action == actSubmit && exp != none && in.obs.kind != obsNotFound {
+	if d.action == actSubmit && exp != none && in.obs.kind != obsNotFound && !(in.obs.kind == obsUnanswerable && !in.obs.submit) {
+		// (A lookup the provider cannot answer is answered by resending under the key,
+		// inside its window: the provider replays its first answer.)
 		t.Errorf("%s: submits with exposure %s without a lookup that answered", name, exp)
+	}
+	if d.action == actSubmit && in.obs.kind == obsUnanswerable {
+		switch first := in.status.FirstSubmittedAt; {
+		case first == nil:
+			t.Errorf("%s: resends after an unanswerable lookup a key this record never sent", name)
+		case !in.now.Before(resendableUntil(first.Time, in.policy)):
+			t.Errorf("%s: resends an unanswerable key near or past the end of its window", name)
+		case in.obs.submit:
+			t.Errorf("%s: resends a request the provider does not replay", name)
+		case in.status.State == settled || in.status.State == failed || in.status.State == rr:
+			t.Errorf("%s: resends from final state %s", name, in.status.State)
+		}
+		if spent, _ := budgetSpent(in.status, in.policy, in.now); spent {
+			t.Errorf("%s: resends an unanswerable key with the retry budget spent", name)
+		}
+	}
+	if in.obs.kind == obsUnanswerable {
+		if d.adopt || d.deadLetter {
+			t.Errorf("%s: an unanswerable answer adopted a record or dead-lettered (adopt %v, dead letter %v)", name, d.adopt, d.deadLetter)
+		}
+		if d.state == settled && in.status.State != settled {
+			t.Errorf("%s: an unanswerable answer settled it", name)
+		}
+		if in.status.State == rr && (d.state != rr || d.reason != "") {
+			t.Errorf("%s: rewrote a RequiresReconciliation settlement (now %s, %s)", name, d.state, d.reason)
+		}
 	}
 	if d.action == actSubmit && exp != none && in.status.FirstSubmittedAt != nil && in.now.Sub(in.status.FirstSubmittedAt.Time) >= policy.keyWindow {
 		t.Errorf("%s: resends at exposure %s outside the key window", name, exp)
@@ -160,19 +203,23 @@ func checkInvariants(t *testing.T, name string, in decisionInput, d decision) {
 	}
 }
 
+// decisionRow is one pinned step: from status st (and what in sets), the action,
+// state, exposure, wait and dead letter expected.
+type decisionRow struct {
+	name   string
+	st     hooksv1alpha1.BillingSettlementStatus
+	in     func(*decisionInput)
+	action action
+	state  S
+	exp    E
+	wait   time.Duration
+	dl     bool
+}
+
 // TestDecisionTable pins the step for the pairs that matter, one row each.
 func TestDecisionTable(t *testing.T) {
 	at := func(d time.Duration) *metav1.Time { v := metav1.NewTime(t0.Add(d)); return &v }
-	rows := []struct {
-		name   string
-		st     hooksv1alpha1.BillingSettlementStatus
-		in     func(*decisionInput)
-		action action
-		state  S
-		exp    E
-		wait   time.Duration
-		dl     bool
-	}{
+	rows := []decisionRow{
 		{name: "fresh settlement is sent directly", st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: none},
 			action: actSubmit, state: pending, exp: none},
 		{name: "possibly sent before: look up first", st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
@@ -297,6 +344,54 @@ func TestDecisionTable(t *testing.T) {
 		{name: "final states do nothing", st: hooksv1alpha1.BillingSettlementStatus{State: settled, Exposure: confirmed, Attempts: 1},
 			action: actDone, state: settled, exp: confirmed},
 	}
+	unanswerable := func(submit bool) func(*decisionInput) {
+		return func(in *decisionInput) {
+			in.obs = observation{kind: obsUnanswerable, submit: submit, priorExposure: possible, message: "check the dashboard"}
+		}
+	}
+	rows = append(rows, []decisionRow{
+		{name: "unanswerable lookup inside the key window: resend under the same key (issue 15)",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-10 * time.Minute)},
+			in:     unanswerable(false),
+			action: actSubmit, state: submitted, exp: possible},
+		{name: "unanswerable lookup with the retry budget spent: RequiresReconciliation, not a day of resends",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 5, FirstSubmittedAt: at(-10 * time.Minute)},
+			in:     unanswerable(false),
+			action: actDone, state: rr, exp: possible},
+		{name: "unanswerable lookup for a record that never sent (a compensation, a hand-made charge): RequiresReconciliation",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
+			in:     unanswerable(false),
+			action: actDone, state: rr, exp: possible},
+		{name: "unanswerable lookup of a settlement already in RequiresReconciliation keeps its reason",
+			st: hooksv1alpha1.BillingSettlementStatus{State: rr, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-10 * time.Minute),
+				Disagreement: &hooksv1alpha1.ProviderDisagreement{Reason: hooksv1alpha1.ReasonKeyReused}},
+			in:     func(in *decisionInput) { unanswerable(false)(in); in.forceLookup = true },
+			action: actDone, state: rr, exp: possible},
+		{name: "unanswerable lookup within a minute of the window's end: RequiresReconciliation",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-24*time.Hour + 30*time.Second)},
+			in:     unanswerable(false),
+			action: actDone, state: rr, exp: possible},
+		{name: "unanswerable lookup past the key window: RequiresReconciliation, nothing sent",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 3, FirstSubmittedAt: at(-25 * time.Hour)},
+			in:     unanswerable(false),
+			action: actDone, state: rr, exp: possible},
+		{name: "unanswerable lookup while deleting: RequiresReconciliation, the deletion waits",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-time.Hour)},
+			in:     func(in *decisionInput) { unanswerable(false)(in); in.deleting = true },
+			action: actDone, state: rr, exp: possible},
+		{name: "unanswerable answer to a submission (a resent delete): RequiresReconciliation",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 2, FirstSubmittedAt: at(-time.Hour)},
+			in:     unanswerable(true),
+			action: actDone, state: rr, exp: possible},
+		{name: "unanswerable lookup of a settled settlement leaves it settled",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: settled, Exposure: confirmed, Attempts: 1, FirstSubmittedAt: at(-time.Hour)},
+			in:     unanswerable(false),
+			action: actDone, state: settled, exp: confirmed},
+		{name: "unanswerable lookup with nothing moved changes nothing",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: none},
+			in:     unanswerable(false),
+			action: actContinue, state: pending, exp: none},
+	}...)
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
 			st := row.st

@@ -178,6 +178,12 @@ var nsCounter atomic.Int64
 // job (sink None) and charge its usage.
 func newTenant(mutate ...func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider)) string {
 	GinkgoHelper()
+	return newTenantWithToken(billingToken, mutate...)
+}
+
+// newTenantWithToken is newTenant with another billing credential.
+func newTenantWithToken(token string, mutate ...func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider)) string {
+	GinkgoHelper()
 	ns := fmt.Sprintf("ops-%d", nsCounter.Add(1))
 	Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 	bp := fixtures.BillingProvider(ns, billing.URL())
@@ -187,7 +193,7 @@ func newTenant(mutate ...func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.Web
 		m(bp, wp)
 	}
 	// The billing token opts in to the endpoint the provider ends up with.
-	for _, sec := range fixtures.Secrets(ns, billingToken, bp.Spec.Endpoint) {
+	for _, sec := range fixtures.Secrets(ns, token, bp.Spec.Endpoint) {
 		Expect(k8s.Create(ctx, sec)).To(Succeed())
 	}
 	Expect(k8s.Create(ctx, bp)).To(Succeed())

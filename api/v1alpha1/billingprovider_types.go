@@ -5,15 +5,66 @@ import (
 )
 
 // BillingProviderType is the kind of billing backend.
-// +kubebuilder:validation:Enum=HTTP
+// The enum lists exactly the types with an adapter (internal/billing/adapters), so no
+// config is accepted that the operator cannot serve.
+// +kubebuilder:validation:Enum=HTTP;Stripe
 type BillingProviderType string
 
 const (
-	// BillingProviderHTTP speaks the generic HTTP contract of docs/design.md §6.1. (Stripe is
-	// planned; the enum grows when its adapter exists, so no config is accepted that
-	// the operator cannot serve.)
+	// BillingProviderHTTP speaks the generic HTTP contract of docs/design.md §6.1.
 	BillingProviderHTTP BillingProviderType = "HTTP"
+	// BillingProviderStripe calls Stripe's API (docs/design.md §13): usage charges become
+	// Billing Meter Events, amounts Invoice Items.
+	BillingProviderStripe BillingProviderType = "Stripe"
 )
+
+// Key modes of a Stripe provider (status.mode).
+const (
+	StripeModeTest = "test"
+	StripeModeLive = "live"
+)
+
+// StripeSettings configures a BillingProvider of type Stripe.
+type StripeSettings struct {
+	// meters maps the settlements' usage meters (spec.usage.meter) to Stripe meters. A
+	// usage charge for a meter not listed is refused, never sent under a guessed name.
+	// +optional
+	// +listType=map
+	// +listMapKey=meter
+	// +kubebuilder:validation:MaxItems=64
+	Meters []StripeMeter `json:"meters,omitempty"`
+}
+
+// StripeMeter is one Stripe Billing Meter that usage is reported to.
+type StripeMeter struct {
+	// meter is the usage meter as settlements name it (spec.usage.meter).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Meter string `json:"meter"`
+
+	// eventName is the Stripe meter's event_name.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=100
+	EventName string `json:"eventName"`
+
+	// id is the Stripe meter's ID (mtr_...), for reconciliation; optional.
+	// +optional
+	// +kubebuilder:validation:MaxLength=100
+	ID string `json:"id,omitempty"`
+
+	// customerKey is the payload key of the Stripe customer ID (Stripe's default:
+	// stripe_customer_id).
+	// +optional
+	// +kubebuilder:validation:MaxLength=100
+	CustomerKey string `json:"customerKey,omitempty"`
+
+	// valueKey is the payload key of the quantity (Stripe's default: value).
+	// +optional
+	// +kubebuilder:validation:MaxLength=100
+	ValueKey string `json:"valueKey,omitempty"`
+}
 
 // FinalizerBillingProviderInUse is put on every BillingProvider by its controller and
 // blocks its deletion while a settlement that references it may have moved money and
@@ -113,6 +164,9 @@ type ReconciliationPolicy struct {
 
 // BillingProviderSpec configures one billing backend.
 // +kubebuilder:validation:XValidation:rule="self.endpoint.startsWith('https://') || self.allowInsecureHTTP",message="endpoint must use https:// unless allowInsecureHTTP is true"
+// +kubebuilder:validation:XValidation:rule="!has(self.stripe) || (has(self.type) && self.type == 'Stripe')",message="stripe settings apply to type Stripe only"
+// +kubebuilder:validation:XValidation:rule="!has(self.type) || self.type != 'Stripe' || !has(self.idempotencyWindow) || duration(self.idempotencyWindow) <= duration('24h')",message="a Stripe provider's idempotencyWindow is at most 24h: Stripe keeps idempotency keys for 24 hours"
+// +kubebuilder:validation:XValidation:rule="!has(self.type) || self.type != 'Stripe' || !has(self.requestTimeout) || duration(self.requestTimeout) <= duration('1m')",message="a Stripe provider's requestTimeout is at most 1m: a resend under a key must reach Stripe inside its 24-hour window"
 type BillingProviderSpec struct {
 	// type of backend.
 	// +optional
@@ -155,6 +209,10 @@ type BillingProviderSpec struct {
 	// +kubebuilder:default={maxAttempts:10,maxElapsed:"1h",initialBackoff:"1s",maxBackoff:"5m"}
 	Retry *RetryPolicy `json:"retry,omitempty"`
 
+	// stripe configures a provider of type Stripe: which Stripe meters usage goes to.
+	// +optional
+	Stripe *StripeSettings `json:"stripe,omitempty"`
+
 	// reconciliation configures the periodic comparison with the provider.
 	// +optional
 	// +kubebuilder:default={interval:"10m",stuckAfter:"15m",eventStaleAfter:"30m",keepReports:10}
@@ -176,6 +234,12 @@ type BillingProviderStatus struct {
 	// or truncated walk never skips records.
 	// +optional
 	ProviderListedUntil *metav1.Time `json:"providerListedUntil,omitempty"`
+
+	// mode is a Stripe provider's key mode, test or live (from the key's prefix), so a
+	// staging cluster pointed at live billing shows.
+	// +optional
+	// +kubebuilder:validation:Enum=test;live
+	Mode string `json:"mode,omitempty"`
 
 	// lastReport is the name of the latest ReconciliationReport.
 	// +optional
@@ -201,6 +265,7 @@ type BillingProviderStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=bp,categories=settlement
 // +kubebuilder:printcolumn:name="Type",type=string,JSONPath=`.spec.type`
+// +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.status.mode`,description="A Stripe key's mode: test or live"
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.spec.endpoint`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,description="Why it is (not) ready: the Ready condition's reason"

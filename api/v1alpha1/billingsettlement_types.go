@@ -129,6 +129,11 @@ const (
 	// ReasonInvalidIdentity: the settlement's name or idempotency key is not the one
 	// derived from its settlement key; it is never sent.
 	ReasonInvalidIdentity = "InvalidIdentity"
+	// ReasonProviderCannotAnswer: the provider cannot be asked about this key at all
+	// (Stripe cannot read meter events back) and resending under the key is no longer
+	// safe (its idempotency window has passed since the first attempt): a human compares
+	// with the provider's dashboard, as the message says.
+	ReasonProviderCannotAnswer = "ProviderCannotAnswer"
 )
 
 // BillingSettlementSpec is one logical financial operation. It is immutable: a
@@ -251,6 +256,12 @@ type ProviderTarget struct {
 	// +required
 	// +kubebuilder:validation:MaxLength=512
 	CredentialsSecret string `json:"credentialsSecret"`
+
+	// mode is a Stripe key's mode (test or live): a key swapped inside the same Secret
+	// for one of the other mode points at other books.
+	// +optional
+	// +kubebuilder:validation:MaxLength=16
+	Mode string `json:"mode,omitempty"`
 }
 
 // ProviderDisagreement records that the provider holds something under our key that is

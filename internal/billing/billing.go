@@ -128,7 +128,7 @@ type Record struct {
 }
 
 // Client is a billing provider behind one interface, so that controllers are written
-// once for every provider type (HTTP today, Stripe later) and tested against a fake.
+// once for every provider type (HTTP, Stripe) and tested against a fake.
 // Every error it returns carries an *Error (see AsError) that says what to do next.
 type Client interface {
 	// Submit asks the provider to carry out r under r.IdempotencyKey. Calling it again
@@ -141,6 +141,33 @@ type Client interface {
 	// List pages through the provider's records created at or after since, for
 	// reconciliation. Pass the returned cursor back to get the next page; "" means done.
 	List(ctx context.Context, since time.Time, cursor string) (items []Record, next string, err error)
+}
+
+// RequestLooker is a Client whose provider cannot be asked by key alone (Stripe has no
+// lookup by idempotency key): it finds a request's record from the request itself,
+// or answers Unanswerable.
+type RequestLooker interface {
+	LookupRequest(ctx context.Context, r Request) (rec Record, found bool, err error)
+}
+
+// LookupFor asks c for r's record: from the request where the adapter needs it, by
+// r.IdempotencyKey otherwise. Controllers always ask through it.
+func LookupFor(ctx context.Context, c Client, r Request) (Record, bool, error) {
+	if l, ok := c.(RequestLooker); ok {
+		return l.LookupRequest(ctx, r)
+	}
+	return c.Lookup(ctx, r.IdempotencyKey)
+}
+
+// Unwrap returns the adapter under any wrappers that implement Unwrap() Client.
+func Unwrap(c Client) Client {
+	for {
+		u, ok := c.(interface{ Unwrap() Client })
+		if !ok {
+			return c
+		}
+		c = u.Unwrap()
+	}
 }
 
 // Class says what a caller should do about a failed provider call. It is the only
@@ -204,6 +231,11 @@ type Error struct {
 	// read meter events back): asking again will not help; Message says what a human
 	// should check.
 	Unanswerable bool
+	// Unreadable, with Unanswerable, says the provider can never be asked about this
+	// kind of record at all (Stripe's meter events): its answer to the submission is
+	// all there is. Without it, this lookup could not answer (too many records to
+	// search, a record that is gone), which a reconciliation pass reports.
+	Unreadable bool
 	// Message is a short, human-readable explanation without secrets.
 	Message string
 	// Err is the underlying network or decoding error, if any.

@@ -489,6 +489,30 @@ var _ = Describe("BillingProvider validation", func() {
 		Expect(k8s.Create(ctx, bp)).To(Succeed())
 	})
 
+	It("caps a Stripe provider's key window at Stripe's 24h, and keeps stripe settings to that type", func() {
+		stripe := func(name string, window time.Duration) *hooksv1alpha1.BillingProvider {
+			bp := provider(name, "https://api.stripe.com")
+			bp.Spec.Type = hooksv1alpha1.BillingProviderStripe
+			bp.Spec.IdempotencyWindow = &metav1.Duration{Duration: window}
+			bp.Spec.Stripe = &hooksv1alpha1.StripeSettings{Meters: []hooksv1alpha1.StripeMeter{{Meter: "tokens", EventName: "inference_tokens"}}}
+			return bp
+		}
+		expectInvalid(k8s.Create(ctx, stripe("stripe-long", 25*time.Hour)), "idempotencyWindow is at most 24h")
+		Expect(k8s.Create(ctx, stripe("stripe-ok", 24*time.Hour))).To(Succeed())
+		httpWithStripe := stripe("http-stripe", time.Hour)
+		httpWithStripe.Spec.Type = hooksv1alpha1.BillingProviderHTTP
+		expectInvalid(k8s.Create(ctx, httpWithStripe), "stripe settings apply to type Stripe only")
+		long := provider("http-long", "https://billing.example.com")
+		long.Spec.IdempotencyWindow = &metav1.Duration{Duration: 72 * time.Hour}
+		Expect(k8s.Create(ctx, long)).To(Succeed(), "the cap is Stripe's, not every provider's")
+		slow := stripe("stripe-slow", time.Hour)
+		slow.Spec.RequestTimeout = &metav1.Duration{Duration: 2 * time.Minute}
+		expectInvalid(k8s.Create(ctx, slow), "requestTimeout is at most 1m")
+		noEvent := stripe("stripe-no-event", time.Hour)
+		noEvent.Spec.Stripe.Meters[0].EventName = ""
+		expectInvalid(k8s.Create(ctx, noEvent), "eventName")
+	})
+
 	It("refuses a backoff that starts above its cap", func() {
 		bp := provider("backoff", "https://billing.example.com")
 		bp.Spec.Retry = &hooksv1alpha1.RetryPolicy{

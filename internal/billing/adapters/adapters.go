@@ -13,6 +13,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/billing/stripebilling"
 )
 
 // Settings is what an adapter gets: the BillingProvider (its spec says where and how
@@ -31,7 +32,8 @@ type Factory func(Settings) (billing.Client, error)
 // registry holds every provider type the operator serves; the CRD's enum of
 // spec.type lists the same (a test keeps them in step).
 var registry = map[hooksv1alpha1.BillingProviderType]Factory{
-	hooksv1alpha1.BillingProviderHTTP: newHTTP,
+	hooksv1alpha1.BillingProviderHTTP:   newHTTP,
+	hooksv1alpha1.BillingProviderStripe: newStripe,
 }
 
 // New builds the adapter of s.Provider's type ("" is HTTP, the CRD's default).
@@ -59,4 +61,22 @@ func Types() []string {
 
 func newHTTP(s Settings) (billing.Client, error) {
 	return billing.NewHTTP(billing.HTTPConfig{Endpoint: s.Provider.Spec.Endpoint, Token: s.Token, Timeout: s.Timeout})
+}
+
+func newStripe(s Settings) (billing.Client, error) {
+	meters := map[string]stripebilling.Meter{}
+	if st := s.Provider.Spec.Stripe; st != nil {
+		for _, m := range st.Meters {
+			meters[m.Meter] = stripebilling.Meter{EventName: m.EventName, ID: m.ID, CustomerKey: m.CustomerKey, ValueKey: m.ValueKey}
+		}
+	}
+	return stripebilling.New(stripebilling.Config{Endpoint: s.Provider.Spec.Endpoint, APIKey: s.Token, Timeout: s.Timeout, Meters: meters})
+}
+
+// Mode is the key mode an adapter reports (a Stripe key's "test" or "live"), or "".
+func Mode(c billing.Client) string {
+	if m, ok := billing.Unwrap(c).(interface{ Mode() stripebilling.Mode }); ok {
+		return string(m.Mode())
+	}
+	return ""
 }

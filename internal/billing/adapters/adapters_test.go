@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
 
@@ -30,6 +31,35 @@ func TestNewPicksTheAdapterByType(t *testing.T) {
 	bp.Spec.Type, bp.Spec.Endpoint = hooksv1alpha1.BillingProviderHTTP, "ftp://billing.example.com"
 	if _, err := New(Settings{Provider: bp}); err == nil || !strings.Contains(err.Error(), "endpoint") {
 		t.Fatalf("a bad endpoint must fail when the adapter is built: %v", err)
+	}
+	bp.Spec.Endpoint = "https://billing.example.com/v1"
+	if c, err := New(Settings{Provider: bp, Token: "t"}); err != nil || Mode(c) != "" {
+		t.Fatalf("an HTTP provider has no key mode: %v", err)
+	}
+}
+
+func TestStripeAdapterFromTheSpec(t *testing.T) {
+	bp := &hooksv1alpha1.BillingProvider{Spec: hooksv1alpha1.BillingProviderSpec{Type: hooksv1alpha1.BillingProviderStripe,
+		Endpoint: "https://api.stripe.com",
+		Stripe:   &hooksv1alpha1.StripeSettings{Meters: []hooksv1alpha1.StripeMeter{{Meter: "tokens", EventName: "inference_tokens"}}}}}
+	for key, mode := range map[string]string{"rk_test_abc": "test", "sk_live_abc": "live"} {
+		c, err := New(Settings{Provider: bp, Token: key})
+		if err != nil {
+			t.Fatalf("%s: %v", mode, err)
+		}
+		if got := Mode(c); got != mode {
+			t.Fatalf("mode %q, want %q", got, mode)
+		}
+		if _, ok := c.(billing.RequestLooker); !ok {
+			t.Fatal("the Stripe adapter must look up by request: it has no lookup by key")
+		}
+	}
+	if _, err := New(Settings{Provider: bp, Token: "test-billing-token"}); err == nil || strings.Contains(err.Error(), "test-billing-token") {
+		t.Fatalf("a token that is no Stripe key must be refused without showing it: %v", err)
+	}
+	bp.Spec.Stripe.Meters[0].EventName = ""
+	if _, err := New(Settings{Provider: bp, Token: "rk_test_abc"}); err == nil || !strings.Contains(err.Error(), "eventName") {
+		t.Fatalf("a meter without an event name must fail when the adapter is built: %v", err)
 	}
 }
 

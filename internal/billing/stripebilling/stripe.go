@@ -464,9 +464,10 @@ func (c *Client) LookupRequest(ctx context.Context, r billing.Request) (billing.
 		event = strings.TrimPrefix(r.ReversesRef, "meter_event:")
 		what = "a cancellation (meter event adjustment) of the meter event with identifier " + event
 	}
-	return billing.Record{}, false, &billing.Error{Class: billing.Terminal, Code: "meter_event_unreadable", Unanswerable: true,
+	return billing.Record{}, false, &billing.Error{Class: billing.Terminal, Code: "meter_event_unreadable", Unanswerable: true, Unreadable: true,
 		Message: "Stripe cannot be asked whether it holds " + what + " (meter events cannot be read back): look for it in the Stripe " +
-			"dashboard (Billing → Meters → the meter's events); if it is there, the charge is done; if not, replay the settlement"}
+			"dashboard (Billing → Meters → the meter's events); if it is there, the charge is done; if not, report the usage to Stripe " +
+			"yourself with this identifier (the operator does not resend past Stripe's 24-hour key window)"}
 }
 
 // findItem looks for the invoice item carrying r's idempotency key among the

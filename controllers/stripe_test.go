@@ -1,0 +1,174 @@
+package controllers_test
+
+import (
+	"fmt"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/billing/stripebilling"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/test/fakestripe"
+	"github.com/settlement-operator/settlement-operator/test/fixtures"
+)
+
+// The billing rows of the failure matrix (docs/design.md §9) against the Stripe-shaped
+// fake (test/fakestripe: Stripe's idempotency layer, meter events, invoice items), each
+// ending with exactly one charge per key in its ledger.
+var _ = Describe("a Stripe billing provider (issue 15)", func() {
+	const stripeKey = "sk_test_operator"
+	var fake *fakestripe.Server
+
+	BeforeEach(func() {
+		var err error
+		fake, err = fakestripe.Start(fakestripe.Options{APIKey: stripeKey,
+			Meters: []fakestripe.Meter{{ID: "mtr_tokens", EventName: "tokens_used"}}})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(fake.Close)
+	})
+
+	stripeTenant := func(mutate ...func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider)) string {
+		GinkgoHelper()
+		return newTenantWithToken(stripeKey, append([]func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider){
+			func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+				bp.Spec.Type, bp.Spec.Endpoint = hooksv1alpha1.BillingProviderStripe, fake.URL()
+				bp.Spec.RequestTimeout = fixtures.Duration(time.Second)
+				bp.Spec.Stripe = &hooksv1alpha1.StripeSettings{Meters: []hooksv1alpha1.StripeMeter{
+					{Meter: "tokens", EventName: "tokens_used", ID: "mtr_tokens"}}}
+			}, withLines}, mutate...)...)
+	}
+	invoice := func(customer string, cents int) string {
+		return fmt.Sprintf(`{"type":"invoice.paid","data":{"customer":%q,"lines":[{"a":"inv","b":"1","cents":%d}]}}`, customer, cents)
+	}
+	lineKey := func(ns string) string { return identity.FieldsSettlementKey(ns, "inference", "inv", "1") }
+	lineSettlement := func(ns string) func() *hooksv1alpha1.BillingSettlement {
+		return func() *hooksv1alpha1.BillingSettlement {
+			bs := &hooksv1alpha1.BillingSettlement{}
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.SettlementNameFor("inference", lineKey(ns))}, bs); err != nil {
+				return nil
+			}
+			return bs
+		}
+	}
+	stateOfLine := func(ns string) func() hooksv1alpha1.SettlementState {
+		return func() hooksv1alpha1.SettlementState {
+			if bs := lineSettlement(ns)(); bs != nil {
+				return bs.Status.State
+			}
+			return ""
+		}
+	}
+
+	It("reports usage as one meter event and an amount as one invoice item; the provider shows test mode", func() {
+		ns := stripeTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{
+				Interval: &metav1.Duration{Duration: 2 * time.Second}, StuckAfter: &metav1.Duration{Duration: time.Second}}
+		})
+		sendOK(ns, "msg_stripe_usage", jobEvent("job-stripe", 1, 1523))
+		Eventually(settlementState(ns, "job-stripe")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		bs := settlementOf(ns, "job-stripe")
+		Expect(bs.Status.ProviderRef).To(Equal(stripebilling.MeterEventRef(bs.Spec.IdempotencyKey)))
+		events := fake.MeterEvents()
+		Expect(events).To(HaveLen(1))
+		Expect(events[0]).To(SatisfyAll(HaveField("EventName", "tokens_used"), HaveField("Identifier", bs.Spec.IdempotencyKey),
+			HaveField("Customer", "cus_job-stripe"), HaveField("Value", "1523")))
+		Expect(fake.Charges(bs.Spec.IdempotencyKey)).To(Equal(1))
+
+		sendOK(ns, "msg_stripe_amount", invoice("cus_inv", 4200))
+		Eventually(stateOfLine(ns)).Should(Equal(hooksv1alpha1.SettlementSettled))
+		line := lineSettlement(ns)()
+		Expect(line.Status.ProviderRef).To(HavePrefix("ii_"))
+		items := fake.InvoiceItems()
+		Expect(items).To(HaveLen(1))
+		Expect(items[0]).To(SatisfyAll(HaveField("Customer", "cus_inv"), HaveField("Amount", int64(4200)), HaveField("Currency", "usd")))
+		Expect(items[0].Metadata).To(HaveKeyWithValue(stripebilling.MetaIdempotencyKey, line.Spec.IdempotencyKey))
+
+		bp := &hooksv1alpha1.BillingProvider{}
+		Eventually(func() string {
+			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fixtures.BillingProviderName}, bp)).To(Succeed())
+			return bp.Status.Mode
+		}).Should(Equal(hooksv1alpha1.StripeModeTest))
+		// The pass: the invoice item is listed and matched; the meter event cannot be
+		// listed or read back, and is marked as resting on Stripe's answer to it.
+		reconciled := func(get func() *hooksv1alpha1.BillingSettlement) func() string {
+			return func() string {
+				if c := condition(get().Status.Conditions, hooksv1alpha1.ConditionReconciled); c != nil && c.Status == metav1.ConditionTrue {
+					return c.Reason
+				}
+				return ""
+			}
+		}
+		Eventually(reconciled(func() *hooksv1alpha1.BillingSettlement { return settlementOf(ns, "job-stripe") })).
+			WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.ReasonProviderCannotAnswer))
+		Eventually(reconciled(lineSettlement(ns))).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.ReasonConfirmedByProvider))
+		var reports hooksv1alpha1.ReconciliationReportList
+		Expect(k8s.List(ctx, &reports, client.InNamespace(ns))).To(Succeed())
+		Expect(reports.Items).To(ContainElement(HaveField("Status.Examined", HaveKeyWithValue("SettlementNotComparable", BeNumerically(">=", 1)))))
+		Expect(fake.Charges(bs.Spec.IdempotencyKey)).To(Equal(1), "the pass sent nothing")
+	})
+
+	It("resends a meter event whose answer was lost under the same key: Stripe replays it, one event", func() {
+		ns := stripeTenant()
+		fake.CommitThenHangNext(1, "/v1/billing/meter_events")
+		sendOK(ns, "msg_stripe_hang", jobEvent("job-stripe-hang", 1, 77))
+		Eventually(settlementState(ns, "job-stripe-hang")).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		bs := settlementOf(ns, "job-stripe-hang")
+		Expect(bs.Status.Attempts).To(BeNumerically(">=", 2), "the lost answer was asked for by sending again")
+		Expect(fake.Charges(bs.Spec.IdempotencyKey)).To(Equal(1))
+		Expect(fake.MeterEvents()).To(HaveLen(1))
+		var replayed int
+		for _, r := range fake.Requests() {
+			if r.IdempotencyKey == bs.Spec.IdempotencyKey && r.Replayed {
+				replayed++
+			}
+		}
+		Expect(replayed).To(BeNumerically(">=", 1), "the resend was answered from Stripe's idempotency layer")
+	})
+
+	It("finds an invoice item whose answer was lost by listing the customer's items: one item", func() {
+		ns := stripeTenant()
+		fake.CommitThenHangNext(1, "/v1/invoiceitems")
+		sendOK(ns, "msg_stripe_item_hang", invoice("cus_hang", 990))
+		Eventually(stateOfLine(ns)).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		line := lineSettlement(ns)()
+		Expect(line.Status.Attempts).To(Equal(int32(1)), "found by the lookup, not sent again")
+		Expect(fake.Charges(line.Spec.IdempotencyKey)).To(Equal(1))
+		Expect(fake.InvoiceItems()).To(HaveLen(1))
+	})
+
+	It("retries a rate-limited charge after Stripe's Retry-After, once charged", func() {
+		ns := stripeTenant()
+		fake.RateLimitNext(2, time.Second)
+		sendOK(ns, "msg_stripe_429", jobEvent("job-stripe-429", 1, 5))
+		Eventually(settlementState(ns, "job-stripe-429")).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		bs := settlementOf(ns, "job-stripe-429")
+		Expect(fake.Charges(bs.Spec.IdempotencyKey)).To(Equal(1))
+	})
+
+	It("stops for a human when Stripe holds the key for other parameters", func() {
+		ns := stripeTenant()
+		fake.FailNext(1, "/v1/billing/meter_events", 400, "idempotency_error", "", "")
+		sendOK(ns, "msg_stripe_reused", jobEvent("job-stripe-reused", 1, 5))
+		Eventually(settlementState(ns, "job-stripe-reused")).Should(Equal(hooksv1alpha1.SettlementRequiresReconciliation))
+		bs := settlementOf(ns, "job-stripe-reused")
+		Expect(condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady).Reason).To(Equal(hooksv1alpha1.ReasonKeyReused))
+		Expect(fake.MeterEvents()).To(BeEmpty())
+	})
+
+	It("refuses a usage charge for a meter Stripe has no mapping for, sending nothing", func() {
+		ns := stripeTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Stripe.Meters[0].Meter = "gpu-seconds"
+		})
+		sendOK(ns, "msg_stripe_nometer", jobEvent("job-stripe-nometer", 1, 5))
+		Eventually(settlementState(ns, "job-stripe-nometer")).Should(Equal(hooksv1alpha1.SettlementFailed))
+		Expect(condition(settlementOf(ns, "job-stripe-nometer").Status.Conditions, hooksv1alpha1.ConditionReady).Message).
+			To(ContainSubstring(`no Stripe meter is configured for usage meter "tokens"`))
+		for _, r := range fake.Requests() {
+			Expect(r.Path).NotTo(Equal("/v1/billing/meter_events"), "nothing is sent under a guessed meter")
+		}
+	})
+})
