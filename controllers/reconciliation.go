@@ -796,6 +796,8 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 		}
 		reverses, reversesRef, err := reversedKey(ctx, r.Client, r.Archive, bs)
 		if err != nil {
+			// Without the original's reference the lookup could ask about the wrong thing;
+			// the pass fails and its mark stays, so the next pass asks again.
 			return err
 		}
 		req := requestOf(bs, reverses)

@@ -44,23 +44,10 @@ var _ = Describe("a Stripe billing provider (issue 15)", func() {
 	invoice := func(customer string, cents int) string {
 		return fmt.Sprintf(`{"type":"invoice.paid","data":{"customer":%q,"lines":[{"a":"inv","b":"1","cents":%d}]}}`, customer, cents)
 	}
-	lineKey := func(ns string) string { return identity.FieldsSettlementKey(ns, "inference", "inv", "1") }
-	lineSettlement := func(ns string) func() *hooksv1alpha1.BillingSettlement {
-		return func() *hooksv1alpha1.BillingSettlement {
-			bs := &hooksv1alpha1.BillingSettlement{}
-			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.SettlementNameFor("inference", lineKey(ns))}, bs); err != nil {
-				return nil
-			}
-			return bs
-		}
-	}
-	stateOfLine := func(ns string) func() hooksv1alpha1.SettlementState {
-		return func() hooksv1alpha1.SettlementState {
-			if bs := lineSettlement(ns)(); bs != nil {
-				return bs.Status.State
-			}
-			return ""
-		}
+	// line is the invoice line's settlement (its key: keyFrom .a and .b).
+	line := func(ns string) *hooksv1alpha1.BillingSettlement {
+		return &hooksv1alpha1.BillingSettlement{ObjectMeta: metav1.ObjectMeta{Namespace: ns,
+			Name: identity.SettlementNameFor("inference", identity.FieldsSettlementKey(ns, "inference", "inv", "1"))}}
 	}
 
 	It("reports usage as one meter event and an amount as one invoice item; the provider shows test mode", func() {
@@ -79,13 +66,13 @@ var _ = Describe("a Stripe billing provider (issue 15)", func() {
 		Expect(fake.Charges(bs.Spec.IdempotencyKey)).To(Equal(1))
 
 		sendOK(ns, "msg_stripe_amount", invoice("cus_inv", 4200))
-		Eventually(stateOfLine(ns)).Should(Equal(hooksv1alpha1.SettlementSettled))
-		line := lineSettlement(ns)()
-		Expect(line.Status.ProviderRef).To(HavePrefix("ii_"))
+		Eventually(stateOf(line(ns))).Should(Equal(hooksv1alpha1.SettlementSettled))
+		charged := get(line(ns))
+		Expect(charged.Status.ProviderRef).To(HavePrefix("ii_"))
 		items := fake.InvoiceItems()
 		Expect(items).To(HaveLen(1))
 		Expect(items[0]).To(SatisfyAll(HaveField("Customer", "cus_inv"), HaveField("Amount", int64(4200)), HaveField("Currency", "usd")))
-		Expect(items[0].Metadata).To(HaveKeyWithValue(stripebilling.MetaIdempotencyKey, line.Spec.IdempotencyKey))
+		Expect(items[0].Metadata).To(HaveKeyWithValue(stripebilling.MetaIdempotencyKey, charged.Spec.IdempotencyKey))
 
 		bp := &hooksv1alpha1.BillingProvider{}
 		Eventually(func() string {
@@ -94,17 +81,16 @@ var _ = Describe("a Stripe billing provider (issue 15)", func() {
 		}).Should(Equal(hooksv1alpha1.StripeModeTest))
 		// The pass: the invoice item is listed and matched; the meter event cannot be
 		// listed or read back, and is marked as resting on Stripe's answer to it.
-		reconciled := func(get func() *hooksv1alpha1.BillingSettlement) func() string {
+		reconciled := func(bs *hooksv1alpha1.BillingSettlement) func() string {
 			return func() string {
-				if c := condition(get().Status.Conditions, hooksv1alpha1.ConditionReconciled); c != nil && c.Status == metav1.ConditionTrue {
+				if c := condition(get(bs).Status.Conditions, hooksv1alpha1.ConditionReconciled); c != nil && c.Status == metav1.ConditionTrue {
 					return c.Reason
 				}
 				return ""
 			}
 		}
-		Eventually(reconciled(func() *hooksv1alpha1.BillingSettlement { return settlementOf(ns, "job-stripe") })).
-			WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.ReasonProviderCannotAnswer))
-		Eventually(reconciled(lineSettlement(ns))).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.ReasonConfirmedByProvider))
+		Eventually(reconciled(bs)).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.ReasonProviderCannotAnswer))
+		Eventually(reconciled(line(ns))).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.ReasonConfirmedByProvider))
 		var reports hooksv1alpha1.ReconciliationReportList
 		Expect(k8s.List(ctx, &reports, client.InNamespace(ns))).To(Succeed())
 		Expect(reports.Items).To(ContainElement(HaveField("Status.Examined", HaveKeyWithValue("SettlementNotComparable", BeNumerically(">=", 1)))))
@@ -133,10 +119,10 @@ var _ = Describe("a Stripe billing provider (issue 15)", func() {
 		ns := stripeTenant()
 		fake.CommitThenHangNext(1, "/v1/invoiceitems")
 		sendOK(ns, "msg_stripe_item_hang", invoice("cus_hang", 990))
-		Eventually(stateOfLine(ns)).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
-		line := lineSettlement(ns)()
-		Expect(line.Status.Attempts).To(Equal(int32(1)), "found by the lookup, not sent again")
-		Expect(fake.Charges(line.Spec.IdempotencyKey)).To(Equal(1))
+		Eventually(stateOf(line(ns))).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		charged := get(line(ns))
+		Expect(charged.Status.Attempts).To(Equal(int32(1)), "found by the lookup, not sent again")
+		Expect(fake.Charges(charged.Spec.IdempotencyKey)).To(Equal(1))
 		Expect(fake.InvoiceItems()).To(HaveLen(1))
 	})
 
@@ -157,6 +143,25 @@ var _ = Describe("a Stripe billing provider (issue 15)", func() {
 		bs := settlementOf(ns, "job-stripe-reused")
 		Expect(condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady).Reason).To(Equal(hooksv1alpha1.ReasonKeyReused))
 		Expect(fake.MeterEvents()).To(BeEmpty())
+	})
+
+	It("lets Stripe date a meter event at receipt, not at the job's completion (docs/decisions.md)", func() {
+		ns := stripeTenant(func(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
+			wp.Spec.Routes[0].Operations[0].JobCompletion.CompletedAt = ".data.completed_at"
+		})
+		// A job that completed three hours ago, reported now: dated at its completion, the
+		// usage could fall in a billing period whose invoice is already final, accepted
+		// by Stripe and never billed.
+		completedAt := time.Now().Add(-3 * time.Hour).UTC().Format(time.RFC3339)
+		sent := time.Now().Add(-time.Second).Unix()
+		sendOK(ns, "msg_stripe_dated", fmt.Sprintf(
+			`{"type":"job.completed","data":{"job_id":"job-dated","version":1,"state":"succeeded","customer":"cus_job-dated","tokens":9,"completed_at":%q}}`,
+			completedAt))
+		Eventually(settlementState(ns, "job-dated")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		Expect(jobOf(ns, "job-dated").Spec.Completion.CompletedAt).NotTo(BeNil(), "the job's completion time is on its record")
+		bs := settlementOf(ns, "job-dated")
+		Expect(fake.MeterEvents()).To(ContainElement(SatisfyAll(HaveField("Identifier", bs.Spec.IdempotencyKey),
+			HaveField("Timestamp", BeNumerically(">=", sent)))), "no timestamp sent: Stripe dates it at receipt")
 	})
 
 	It("refuses a usage charge for a meter Stripe has no mapping for, sending nothing", func() {

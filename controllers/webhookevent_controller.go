@@ -53,7 +53,7 @@ type WebhookEventReconciler struct {
 	MaxConcurrentReconciles int
 	// StatusDelay is how long after receipt a newly dispatched event whose operations
 	// are all under way and none has gone wrong waits before its status is written
-	// (docs/design.md §9): an event whose children finish within it gets one status write,
+	// (docs/design.md §5.1): an event whose children finish within it gets one status write,
 	// the finished one, instead of two. Zero writes the decision at once.
 	StatusDelay time.Duration
 	// held keeps what each held first dispatch decided (holdDecision).
@@ -118,7 +118,7 @@ func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		err = r.dispatch(ctx, &ev)
 		derivePhase(&ev)
 		if wait := r.holdDecision(before, &ev); err == nil && wait > 0 {
-			r.held.put(req.NamespacedName, ev.UID, ev.Status.Operations, r.now())
+			r.held.put(req.NamespacedName, ev.UID, ev.Status.Operations)
 			return ctrl.Result{RequeueAfter: wait}, nil
 		}
 	}
@@ -166,37 +166,25 @@ const DefaultEventStatusDelay = 5 * time.Second
 // rather than deciding again: a child deleted in the meantime is then seen as deleted
 // (and not created again, §5.1), and the archive is not asked twice. Only a restart
 // inside the hold loses it; the next leader decides again from the children.
+// Entries go when the status is written or the event is gone (a manager that loses
+// its leadership exits), so the map holds the events inside their hold: rate × delay.
 type heldDecisions struct {
-	mu        sync.Mutex
-	byEvent   map[types.NamespacedName]heldDecision
-	lastPrune time.Time
+	mu      sync.Mutex
+	byEvent map[types.NamespacedName]heldDecision
 }
 
 type heldDecision struct {
 	uid types.UID
 	ops []hooksv1alpha1.OperationStatus
-	at  time.Time
 }
 
-// heldFor bounds how long an entry is kept if its event is never reconciled again
-// (another replica became leader): far longer than any StatusDelay.
-const heldFor = 10 * time.Minute
-
-func (h *heldDecisions) put(key types.NamespacedName, uid types.UID, ops []hooksv1alpha1.OperationStatus, now time.Time) {
+func (h *heldDecisions) put(key types.NamespacedName, uid types.UID, ops []hooksv1alpha1.OperationStatus) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.byEvent == nil {
 		h.byEvent = map[types.NamespacedName]heldDecision{}
 	}
-	if now.Sub(h.lastPrune) > time.Minute {
-		for k, d := range h.byEvent {
-			if now.Sub(d.at) > heldFor {
-				delete(h.byEvent, k)
-			}
-		}
-		h.lastPrune = now
-	}
-	h.byEvent[key] = heldDecision{uid: uid, ops: slices.Clone(ops), at: now}
+	h.byEvent[key] = heldDecision{uid: uid, ops: slices.Clone(ops)}
 }
 
 // get returns a copy of what is held for the event with this UID; nil when nothing is.

@@ -129,10 +129,12 @@ const (
 	// ReasonInvalidIdentity: the settlement's name or idempotency key is not the one
 	// derived from its settlement key; it is never sent.
 	ReasonInvalidIdentity = "InvalidIdentity"
-	// ReasonProviderCannotAnswer: the provider cannot be asked about this key at all
-	// (Stripe cannot read meter events back) and resending under the key is no longer
-	// safe (its idempotency window has passed since the first attempt): a human compares
-	// with the provider's dashboard, as the message says.
+	// ReasonProviderCannotAnswer: the provider cannot be asked about this key (Stripe
+	// cannot read meter events back) and the request may not be resent under it (the
+	// key window passed, the retry budget is spent, the settlement is being deleted,
+	// this record never sent it, or the provider does not replay it): a human compares
+	// with the provider's dashboard, as the message says. Also the reason of a
+	// Reconciled condition a pass sets on a settlement it can never compare.
 	ReasonProviderCannotAnswer = "ProviderCannotAnswer"
 )
 
