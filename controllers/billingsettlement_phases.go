@@ -639,9 +639,7 @@ func (r *BillingSettlementReconciler) lookup(ctx context.Context, s *settlementS
 
 // request is what this settlement sends (and is compared with).
 func (s *settlementScope) request() billing.Request {
-	req := requestOf(s.bs, s.reverses)
-	req.ReversesRef = s.reversesRef
-	return req
+	return requestOf(s.bs, s.reverses, s.reversesRef)
 }
 
 // recordObservation turns a provider record into an observation, comparing it with
@@ -721,10 +719,12 @@ func neverSent(bs *hooksv1alpha1.BillingSettlement) bool {
 	return st.Attempts == 0 && st.FirstSubmittedAt == nil && st.SentTo == nil && EffectiveExposure(st) == hooksv1alpha1.ExposureNone
 }
 
-func requestOf(bs *hooksv1alpha1.BillingSettlement, reversesKey string) billing.Request {
+// requestOf is what bs asks of the provider; a compensation names the original's
+// settlement key and the provider's reference of it.
+func requestOf(bs *hooksv1alpha1.BillingSettlement, reversesKey, reversesRef string) billing.Request {
 	req := billing.Request{
 		SettlementKey: bs.Spec.SettlementKey, IdempotencyKey: bs.Spec.IdempotencyKey,
-		Type: strings.ToLower(string(bs.Spec.Type)), Reverses: reversesKey, Customer: bs.Spec.Customer,
+		Type: strings.ToLower(string(bs.Spec.Type)), Reverses: reversesKey, ReversesRef: reversesRef, Customer: bs.Spec.Customer,
 		Metadata: bs.Spec.Metadata,
 	}
 	if req.Type == "" {

@@ -235,7 +235,7 @@ func (r *BillingSettlementReconciler) observeReceiptToSettled(ctx context.Contex
 // filed under (fail closed: a field we send that the record lacks is a mismatch).
 // reversesKey is the settlement key of the original, for a compensation.
 func RecordMatches(bs *hooksv1alpha1.BillingSettlement, reversesKey string, rec billing.Record) (billing.Mismatch, bool) {
-	return billing.Match(requestOf(bs, reversesKey), rec)
+	return billing.Match(requestOf(bs, reversesKey, ""), rec)
 }
 
 // truncateToken bounds an annotation token to what status stores, before comparing,

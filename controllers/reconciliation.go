@@ -800,10 +800,8 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 			// the pass fails and its mark stays, so the next pass asks again.
 			return err
 		}
-		req := requestOf(bs, reverses)
-		req.ReversesRef = reversesRef
 		called := time.Now()
-		rec, found, err := billing.LookupFor(ctx, c, req)
+		rec, found, err := billing.LookupFor(ctx, c, requestOf(bs, reverses, reversesRef))
 		observeBillingCall(bp.Namespace, bp.Name, "lookup", called, err)
 		if e, ok := billing.AsError(err); ok && e.Unanswerable {
 			if e.Unreadable {
