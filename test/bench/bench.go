@@ -346,8 +346,10 @@ func (b *run) latency(ctx context.Context, op *operator, billing *fakebilling.Se
 
 	ceiling := b.res.Ingestion.RawCreatesPerSecond
 	b.res.Latency.CeilingPerSecond = ceiling
+	var lastLevelEvents int
 	level := func(name, prefix string, fraction, rate float64, duration time.Duration) error {
 		n := max(1, min(b.cfg.MaxEventsPerLevel, int(rate*duration.Seconds())))
+		lastLevelEvents = n
 		b.logf("item 3, level %s: %d events at %.0f/s, open loop", name, n, rate)
 		lr := b.openLoop(ctx, t, hc, url, prefix, rate, n)
 		events += n
@@ -386,11 +388,22 @@ func (b *run) latency(ctx context.Context, op *operator, billing *fakebilling.Se
 	for _, lv := range b.res.Latency.Levels {
 		best = max(best, lv.SettledPerSecond)
 	}
+	var under *LevelWrites
 	if *b.cfg.UnderCapacityLevel && best > 0 {
+		// Its writes are counted on their own, between quiet moments before and after.
+		before, err := b.quietWrites(ctx)
+		if err != nil {
+			return err
+		}
 		// Longer than the others: few events per second, and its p99 needs a sample.
 		if err := level("50% of pipeline", "u050", best/2/ceiling, best/2, max(b.cfg.LevelDuration, 10*time.Second)); err != nil {
 			return err
 		}
+		after, err := b.quietWrites(ctx)
+		if err != nil {
+			return err
+		}
+		under = levelWrites(before, after, lastLevelEvents)
 	}
 	b.res.Latency.PipelineSettledPerSecond = best
 	b.res.Latency.PipelineToCeiling = ratio(best, ceiling)
@@ -399,6 +412,7 @@ func (b *run) latency(ctx context.Context, op *operator, billing *fakebilling.Se
 	if err := b.cost(ctx, op, w0, e0, events); err != nil {
 		return err
 	}
+	b.res.Cost.UnderCapacity = under
 	// One settlement per event: what each cost the billing provider.
 	calls := billing.Calls()
 	c := &b.res.Cost

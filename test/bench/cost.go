@@ -20,21 +20,9 @@ var storedKinds = []struct{ kind, prefix, encoding string }{
 // etcd's counters since (w0, e0) into per-event costs over `events` events, and
 // reads the live objects' stored sizes.
 func (b *run) cost(ctx context.Context, op *operator, w0 writeCounts, e0 etcdStats, events int) error {
-	// Quiet: no write for 3 consecutive seconds (bounded: a periodic write, such as
-	// a provider's status refresh, must not keep the run waiting).
-	var w1 writeCounts
-	last, still := -1.0, 0
-	for deadline := time.Now().Add(45 * time.Second); still < 3 && time.Now().Before(deadline); {
-		var err error
-		if w1, err = b.probe.writes(ctx); err != nil {
-			return err
-		}
-		if t := w1.total(true) + w1.total(false); t == last {
-			still++
-		} else {
-			last, still = t, 0
-		}
-		time.Sleep(time.Second)
+	w1, err := b.quietWrites(ctx)
+	if err != nil {
+		return err
 	}
 	e1, err := b.probe.etcdStats(ctx)
 	if err != nil {
@@ -86,6 +74,36 @@ func (b *run) cost(ctx context.Context, op *operator, w0 writeCounts, e0 etcdSta
 	b.logf("item 4: %.2f writes/event, %.0f stored bytes/event, %.0f history bytes/event", c.WritesPerEvent,
 		c.StoredBytesPerEvent, c.EtcdHistoryBytesPerEvent)
 	return nil
+}
+
+// quietWrites waits until the API server has taken no write for 3 consecutive
+// seconds (bounded: a periodic write, such as a provider's status refresh, must not
+// keep the run waiting) and returns its write counters then.
+func (b *run) quietWrites(ctx context.Context) (writeCounts, error) {
+	var w writeCounts
+	last, still := -1.0, 0
+	for deadline := time.Now().Add(45 * time.Second); still < 3 && time.Now().Before(deadline); {
+		var err error
+		if w, err = b.probe.writes(ctx); err != nil {
+			return nil, err
+		}
+		if t := w.total(true) + w.total(false); t == last {
+			still++
+		} else {
+			last, still = t, 0
+		}
+		time.Sleep(time.Second)
+	}
+	return w, nil
+}
+
+// levelWrites is what the events of one level cost the API server in writes,
+// from counters taken while the pipeline was quiet before and after it.
+func levelWrites(before, after writeCounts, events int) *LevelWrites {
+	d := after.since(before)
+	per := func(v float64) float64 { return round(v/float64(events), 3) }
+	return &LevelWrites{Events: events, WritesPerEvent: per(d.total(true)), RefusedWritesPerEvent: per(d.total(false)),
+		Writes: d.perEvent(events)}
 }
 
 // controllerCosts reads controller-runtime's reconcile counters and timings from the

@@ -166,6 +166,11 @@ type Cost struct {
 	WritesPerEvent        float64      `json:"writesPerEvent"`
 	RefusedWritesPerEvent float64      `json:"refusedWritesPerEvent"`
 	Writes                []WriteShare `json:"writes"`
+	// UnderCapacity is the same count for the events of the level at half the
+	// pipeline's rate alone (the load an operator should run at): the overloaded
+	// levels write more, e.g. an event's status twice when its charge takes longer
+	// than --event-status-delay.
+	UnderCapacity *LevelWrites `json:"underCapacity,omitempty"`
 	// StoredBytesPerEvent is the live size in etcd of one event's WebhookEvent +
 	// JobCompletion + BillingSettlement (keys and JSON values, exactly as stored).
 	StoredBytesPerEvent float64               `json:"storedBytesPerEvent"`
@@ -190,6 +195,14 @@ type Cost struct {
 	ProviderPostsPerSettlement   float64 `json:"providerPostsPerSettlement"`
 	ProviderLookupsPerSettlement float64 `json:"providerLookupsPerSettlement"`
 	ProviderListsDuringPhase     int     `json:"providerListsDuringPhase"`
+}
+
+// LevelWrites is one level's API-server writes per event.
+type LevelWrites struct {
+	Events                int          `json:"events"`
+	WritesPerEvent        float64      `json:"writesPerEvent"`
+	RefusedWritesPerEvent float64      `json:"refusedWritesPerEvent"`
+	Writes                []WriteShare `json:"writes"`
 }
 
 // ControllerCost is one controller's work per event. Its workers (Workers, the
@@ -619,6 +632,15 @@ func (r *Results) printArchiveOff(w io.Writer) {
 	for _, s := range c.Writes {
 		if s.PerEvent >= 0.05 {
 			fmt.Fprintf(w, "    %s\t%s\n", s.Write, f2(s.PerEvent))
+		}
+	}
+	if u := c.UnderCapacity; u != nil {
+		fmt.Fprintf(w, "  at half the pipeline's rate only (%d events): writes / refused\t%s / %s\n", u.Events,
+			f2(u.WritesPerEvent), f2(u.RefusedWritesPerEvent))
+		for _, s := range u.Writes {
+			if s.PerEvent >= 0.05 {
+				fmt.Fprintf(w, "    %s\t%s\n", s.Write, f2(s.PerEvent))
+			}
 		}
 	}
 	fmt.Fprintf(w, "  stored bytes, live (WebhookEvent+JobCompletion+BillingSettlement)\t%.0f\n", c.StoredBytesPerEvent)
