@@ -242,21 +242,21 @@ func (s *Server) Charges(idempotencyKey string) int {
 func (s *Server) MeterEvents() []MeterEvent {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]MeterEvent, 0, len(s.events))
-	for _, e := range s.events {
-		out = append(out, *e)
-	}
-	return out
+	return copies(s.events)
 }
 
 // InvoiceItems returns a copy of the invoice item ledger, deleted ones included.
 func (s *Server) InvoiceItems() []InvoiceItem {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]InvoiceItem, 0, len(s.items))
-	for _, it := range s.items {
-		c := *it
-		out = append(out, c)
+	return copies(s.items)
+}
+
+// copies returns the values behind a ledger's pointers (callers hold s.mu).
+func copies[T any](in []*T) []T {
+	out := make([]T, 0, len(in))
+	for _, p := range in {
+		out = append(out, *p)
 	}
 	return out
 }

@@ -59,6 +59,18 @@ func amountCharge(key string) billing.Request {
 		Customer: "cus_A", Amount: &billing.Amount{Minor: 1250, Currency: "USD"}}
 }
 
+// voidOf is the Void of charge, whose Stripe reference is ref, under key.
+func voidOf(charge billing.Request, ref, key string) billing.Request {
+	return billing.Request{SettlementKey: charge.SettlementKey + "/void", IdempotencyKey: key, Type: billing.TypeVoid,
+		Reverses: charge.SettlementKey, ReversesRef: ref, Customer: charge.Customer, Usage: charge.Usage, Amount: charge.Amount}
+}
+
+// refundOf is a Refund of minor USD cents of charge, whose Stripe reference is ref, under key.
+func refundOf(charge billing.Request, ref, key string, minor int64) billing.Request {
+	return billing.Request{SettlementKey: charge.SettlementKey + "/refund/1", IdempotencyKey: key, Type: billing.TypeRefund,
+		Reverses: charge.SettlementKey, ReversesRef: ref, Customer: charge.Customer, Amount: &billing.Amount{Minor: minor, Currency: "USD"}}
+}
+
 func class(t *testing.T, err error) *billing.Error {
 	t.Helper()
 	e, ok := billing.AsError(err)
@@ -249,8 +261,7 @@ func TestMeterEventCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	void := billing.Request{SettlementKey: charge.SettlementKey + "/void", IdempotencyKey: "stl_void", Type: billing.TypeVoid,
-		Reverses: charge.SettlementKey, ReversesRef: rec.ID, Customer: "cus_A", Usage: charge.Usage}
+	void := voidOf(charge, rec.ID, "stl_void")
 	if _, err := c.Submit(ctx, void); err != nil {
 		t.Fatal(err)
 	}
@@ -264,8 +275,7 @@ func TestMeterEventCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.Add(25 * time.Hour)
-	lateVoid := billing.Request{SettlementKey: late.SettlementKey + "/void", IdempotencyKey: "stl_latevoid", Type: billing.TypeVoid,
-		Reverses: late.SettlementKey, ReversesRef: rec.ID, Customer: "cus_A", Usage: late.Usage}
+	lateVoid := voidOf(late, rec.ID, "stl_latevoid")
 	e := class(t, func() error { _, err := c.Submit(ctx, lateVoid); return err }())
 	if e.Class != billing.Terminal || !strings.Contains(e.Message, "24 hours") || !strings.Contains(e.Message, "refund an amount") {
 		t.Fatalf("got %+v", e)
@@ -311,8 +321,7 @@ func TestInvoiceItems(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		void := billing.Request{SettlementKey: r.SettlementKey + "/void", IdempotencyKey: "stl_voidme_v", Type: billing.TypeVoid,
-			Reverses: r.SettlementKey, ReversesRef: rec.ID, Customer: "cus_A", Amount: r.Amount}
+		void := voidOf(r, rec.ID, "stl_voidme_v")
 		if _, err := c.Submit(ctx, void); err != nil {
 			t.Fatal(err)
 		}
@@ -348,14 +357,12 @@ func TestInvoiceItems(t *testing.T) {
 		if err := fake.Invoice(rec2.ID, "in_1"); err != nil {
 			t.Fatal(err)
 		}
-		void2 := billing.Request{SettlementKey: r2.SettlementKey + "/void", IdempotencyKey: "stl_invoiced_v", Type: billing.TypeVoid,
-			Reverses: r2.SettlementKey, ReversesRef: rec2.ID, Customer: "cus_A", Amount: r2.Amount}
+		void2 := voidOf(r2, rec2.ID, "stl_invoiced_v")
 		e := class(t, func() error { _, err := c.Submit(ctx, void2); return err }())
 		if e.Class != billing.Terminal || !strings.Contains(e.Message, "refund it instead") {
 			t.Fatalf("got %+v", e)
 		}
-		refund := billing.Request{SettlementKey: r2.SettlementKey + "/refund/1", IdempotencyKey: "stl_invoiced_r", Type: billing.TypeRefund,
-			Reverses: r2.SettlementKey, ReversesRef: rec2.ID, Customer: "cus_A", Amount: &billing.Amount{Minor: 500, Currency: "USD"}}
+		refund := refundOf(r2, rec2.ID, "stl_invoiced_r", 500)
 		rec3, err := c.Submit(ctx, refund)
 		if err != nil {
 			t.Fatal(err)
@@ -434,8 +441,7 @@ func TestRequestsAreValidForStripe(t *testing.T) {
 	if _, err := c.Submit(ctx, r); err != nil {
 		t.Fatalf("meter event: %v", err)
 	}
-	void := billing.Request{SettlementKey: r.SettlementKey + "/void", IdempotencyKey: "stl_mockvoid", Type: billing.TypeVoid,
-		Reverses: r.SettlementKey, ReversesRef: stripebilling.MeterEventRef(r.IdempotencyKey), Customer: "cus_A", Usage: r.Usage}
+	void := voidOf(r, stripebilling.MeterEventRef(r.IdempotencyKey), "stl_mockvoid")
 	if _, err := c.Submit(ctx, void); err != nil {
 		t.Fatalf("meter event adjustment: %v", err)
 	}
@@ -443,13 +449,11 @@ func TestRequestsAreValidForStripe(t *testing.T) {
 	if _, err := c.Submit(ctx, a); err != nil {
 		t.Fatalf("invoice item: %v", err)
 	}
-	refund := billing.Request{SettlementKey: a.SettlementKey + "/refund/1", IdempotencyKey: "stl_mockrefund", Type: billing.TypeRefund,
-		Reverses: a.SettlementKey, ReversesRef: "ii_123", Customer: "cus_A", Amount: &billing.Amount{Minor: 100, Currency: "USD"}}
+	refund := refundOf(a, "ii_123", "stl_mockrefund", 100)
 	if _, err := c.Submit(ctx, refund); err != nil {
 		t.Fatalf("credit invoice item: %v", err)
 	}
-	voidItem := billing.Request{SettlementKey: a.SettlementKey + "/void", IdempotencyKey: "stl_mockvoiditem", Type: billing.TypeVoid,
-		Reverses: a.SettlementKey, ReversesRef: "ii_123", Customer: "cus_A", Amount: a.Amount}
+	voidItem := voidOf(a, "ii_123", "stl_mockvoiditem")
 	if _, err := c.Submit(ctx, voidItem); err != nil {
 		t.Fatalf("invoice item delete: %v", err)
 	}
