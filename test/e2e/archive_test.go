@@ -653,24 +653,56 @@ var _ = Describe("the archive on real processes (docs/design.md §12)", Ordered,
 		for len(sample) < 40 {
 			sample[rng.IntN(seeds)] = true
 		}
+		// The receiver gives the archive ArchiveTimeout (300ms) and, when it does not
+		// answer in time, stores the delivery by design (docs/design.md §12): a just
+		// restarted replica's first PostgreSQL queries on a busy 2-core machine can
+		// take longer (this spec failed once so, a fresh-clone CI on 2 Dec). Such an
+		// answer must be a counted timeout, never a miss, and its extra receipt must be
+		// removed by the event controller with nothing dispatched; every replica must
+		// still answer some redelivery from the archive.
 		n := 0
+		stored := map[string]bool{}
+		fromArchive := map[string]int{}
 		for i := range sample {
 			job := fmt.Sprintf("arcseed-%05d", i)
 			rep := fresh[n%len(fresh)]
 			n++
+			timeoutsBefore := counterValue(rep, "settlement_receiver_archive_lookups_total", `result="error"`)
 			resp, err := sender.Send(ctx, &http.Client{Timeout: 20 * time.Second}, sender.Delivery{
 				URL: rep.receiverURL + identity.EndpointPath(archNS, "inference"), ID: "msg_" + job,
 				Body: []byte(jobEvent(job, 2, tokens)), Signature: signature.Config{Scheme: signature.SchemeStandardWebhooks},
 				Secret: []byte(swhSecret)})
 			Expect(err).NotTo(HaveOccurred())
 			Expect(resp.Status).To(Equal(http.StatusOK), "%s: %s", job, resp.Body)
-			Expect(resp.Body).To(ContainSubstring(`"duplicate"`), "%s is answered from its archived receipt", job)
+			if strings.Contains(resp.Body, `"duplicate"`) {
+				fromArchive[rep.name]++
+				continue
+			}
+			Expect(resp.Body).To(ContainSubstring(`"accepted"`), "%s: %s", job, resp.Body)
+			Expect(counterValue(rep, "settlement_receiver_archive_lookups_total", `result="error"`)).To(BeNumerically(">", timeoutsBefore),
+				"%s was stored although archived: only an archive lookup that timed out may store it (%s)", job, rep.name)
+			stored[job] = true
 		}
 		for i := range sample {
 			job := fmt.Sprintf("arcseed-%05d", i)
-			err := k8s.Get(ctx, client.ObjectKey{Namespace: archNS, Name: identity.EventName(archNS, "inference", "msg_"+job)},
-				&hooksv1alpha1.WebhookEvent{})
-			Expect(apierrors.IsNotFound(err)).To(BeTrue(), "a duplicate answer writes nothing (%s)", job)
+			key := client.ObjectKey{Namespace: archNS, Name: identity.EventName(archNS, "inference", "msg_"+job)}
+			if !stored[job] {
+				err := k8s.Get(ctx, key, &hooksv1alpha1.WebhookEvent{})
+				Expect(apierrors.IsNotFound(err)).To(BeTrue(), "a duplicate answer writes nothing (%s)", job)
+				continue
+			}
+			Eventually(func() bool {
+				return apierrors.IsNotFound(k8s.Get(ctx, key, &hooksv1alpha1.WebhookEvent{}))
+			}).WithTimeout(time.Minute).Should(BeTrue(), "the receipt stored after an archive timeout is removed as an archived duplicate (%s)", job)
+			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: archNS, Name: identity.JobCompletionName("inference", job)},
+				&hooksv1alpha1.JobCompletion{})).NotTo(Succeed(), "%s: nothing dispatched", job)
+			skey := identity.JobSettlementKey(archNS, "inference", job)
+			Expect(billing.Charges(skey)).To(BeZero(), "no charge for %s", job)
+			Expect(posts(billing.CallsFor(identity.NamespacedIdempotencyKey(archNS, skey)))).To(BeZero(), "nothing sent for %s", job)
+		}
+		fmt.Fprintf(GinkgoWriter, "redeliveries answered from the archive per replica: %v; stored after an archive timeout and removed: %d\n", fromArchive, len(stored))
+		for _, r := range fresh {
+			Expect(fromArchive[r.name]).To(BeNumerically(">", 0), "%s answered some redelivery from the archive", r.name)
 		}
 
 		By("sending v1 of archived v2 jobs: superseded, nothing charged")
@@ -727,8 +759,8 @@ var _ = Describe("the archive on real processes (docs/design.md §12)", Ordered,
 				s.r.name, s.r.readyAfter.Round(time.Millisecond), mib(peak), mib(max), mib(last)))
 		}
 		sort.Strings(lines)
-		report := fmt.Sprintf("restart with %d archived jobs: seeded %d jobs (%d rows) in %s with %d writers; %s; 40 redeliveries answered duplicate, 10 v1-after-archived-v2 superseded with no charge",
-			archivedJobs, seeds, 3*seeds, seedTook.Round(time.Millisecond), workers, strings.Join(lines, "; "))
+		report := fmt.Sprintf("restart with %d archived jobs: seeded %d jobs (%d rows) in %s with %d writers; %s; 40 redeliveries: %d answered duplicate, %d stored after an archive timeout and removed unsent; 10 v1-after-archived-v2 superseded with no charge",
+			archivedJobs, seeds, 3*seeds, seedTook.Round(time.Millisecond), workers, strings.Join(lines, "; "), 40-len(stored), len(stored))
 		AddReportEntry("archive restart", report)
 		fmt.Fprintln(GinkgoWriter, "ARCHIVE RESTART OK —", report)
 	})
@@ -786,6 +818,23 @@ func startTogether(n int, start func() *replica) []*replica {
 		Expect(r).NotTo(BeNil(), "every replica started")
 	}
 	return out
+}
+
+// counterValue sums the replica's samples of the metric name whose labels contain
+// label ("" for all); 0 when the replica does not expose it yet.
+func counterValue(r *replica, name, label string) float64 {
+	GinkgoHelper()
+	var sum float64
+	for _, line := range metricLines(r, name) {
+		if !strings.Contains(line, label) {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		Expect(err).NotTo(HaveOccurred(), "%s: %s", r.name, line)
+		sum += v
+	}
+	return sum
 }
 
 // metricLines returns the replica's metric lines whose name is name.
