@@ -19,6 +19,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/archive/pgtest"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/test/fakestripe"
 	"github.com/settlement-operator/settlement-operator/test/fixtures"
 )
 
@@ -560,5 +561,76 @@ var _ = Describe("the archive (docs/design.md §12)", Ordered, func() {
 			return d.ProviderRef == "st_second_arc"
 		})
 		Expect(d.Object).To(ContainSubstring("(archived)"))
+	})
+
+	It("compares Stripe's meter event summaries with the usage of cluster ∪ archive: a total outside it is reported", func() {
+		const key = "sk_test_usage_totals"
+		fake, err := fakestripe.Start(fakestripe.Options{APIKey: key, Meters: []fakestripe.Meter{{ID: "mtr_tokens", EventName: "tokens_used"}}})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(fake.Close)
+		ns := newTenantWithToken(key, stripeBilling(fake), func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{
+				Interval: &metav1.Duration{Duration: 2 * time.Second}, StuckAfter: &metav1.Duration{Duration: time.Second}}
+		})
+		// A total covers whole minutes that ended (here 1s ago: the suite's lag; the clock
+		// skew allowed is 1s): job A is sent early in a minute, so that it is archived,
+		// and only in the archive, before the pass that compares its minute.
+		Eventually(func() int { return time.Now().Second() }).WithTimeout(70*time.Second).WithPolling(100*time.Millisecond).
+			Should(SatisfyAll(BeNumerically(">=", 2), BeNumerically("<", 6)), "early in a minute, past the 1s clock skew")
+		minute := time.Now().Truncate(time.Minute)
+		sendOK(ns, "msg-usage-a", jobEvent("job-usage-a", 1, 1523))
+		Eventually(settlementState(ns, "job-usage-a")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		// Stripe drops job A's event after accepting it (its asynchronous validation: the
+		// meter's error reports), and holds 2 units for job B's customer that nobody here sent.
+		a := settlementOf(ns, "job-usage-a")
+		Expect(fake.InvalidateMeterEvent(a.Spec.IdempotencyKey)).To(BeTrue())
+		sendOK(ns, "msg-usage-b", jobEvent("job-usage-b", 1, 40))
+		sendOK(ns, "msg-usage-c", jobEvent("job-usage-c", 1, 9)) // Stripe's total matches: no finding
+		Eventually(settlementState(ns, "job-usage-b")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		Eventually(settlementState(ns, "job-usage-c")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		fake.AddMeterEvent("tokens_used", "foreign-usage-b", "cus_job-usage-b", "2")
+		goneFromCluster(ns, stlName("job-usage-a"), &hooksv1alpha1.BillingSettlement{})
+		Expect(time.Now().Truncate(time.Minute)).To(Equal(minute), "job A was archived within the minute it was sent in")
+
+		// usageFinding returns the finding about customer's total and the report it is in.
+		usageFinding := func(customer string) (hooksv1alpha1.Discrepancy, *hooksv1alpha1.ReconciliationReport) {
+			GinkgoHelper()
+			var found *hooksv1alpha1.Discrepancy
+			var in *hooksv1alpha1.ReconciliationReport
+			Eventually(func() bool {
+				var l hooksv1alpha1.ReconciliationReportList
+				Expect(k8s.List(ctx, &l, client.InNamespace(ns))).To(Succeed())
+				for i := range l.Items {
+					for _, d := range l.Items[i].Status.Items {
+						if d.Type == hooksv1alpha1.DiscrepancyUsageTotalMismatch && strings.Contains(d.ProviderRef, "customer "+customer+",") {
+							found, in = &d, &l.Items[i]
+							return true
+						}
+					}
+				}
+				return false
+			}).WithTimeout(90*time.Second).WithPolling(200*time.Millisecond).Should(BeTrue(), "a report compares %s's total", customer)
+			return *found, in
+		}
+		less, report := usageFinding("cus_job-usage-a")
+		// The pass that compared the minute read all three totals, and job C's matched.
+		Expect(report.Status.Examined).To(HaveKeyWithValue("UsageTotal", BeNumerically(">=", 3)))
+		Expect(report.Status.Examined).To(HaveKeyWithValue("ArchivedUsage", BeNumerically(">=", 1)))
+		for _, d := range report.Status.Items {
+			Expect(d.ProviderRef).NotTo(ContainSubstring("cus_job-usage-c"), "a matching total is no finding: %s", d.Message)
+		}
+		Expect(less.Action).To(Equal(hooksv1alpha1.RepairManualReview))
+		Expect(less.Object).To(Equal("BillingProvider/" + fixtures.BillingProviderName))
+		Expect(less.Message).To(SatisfyAll(ContainSubstring("totals 0 for usage meter \"tokens\""),
+			ContainSubstring("add up to 1523 (1 settled in the window"), ContainSubstring("less than")), "counted from the archive")
+		more, _ := usageFinding("cus_job-usage-b")
+		Expect(more.Message).To(SatisfyAll(ContainSubstring("totals 42 "), ContainSubstring("add up to 40 "), ContainSubstring("more than")))
+		posts := 0
+		for _, r := range fake.Requests() {
+			if r.Method == http.MethodPost {
+				posts++
+			}
+		}
+		Expect(posts).To(Equal(3), "the comparison sends nothing: one meter event per job")
 	})
 })

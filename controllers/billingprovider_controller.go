@@ -73,12 +73,18 @@ type BillingProviderReconciler struct {
 	Health *ProviderHealth
 	// MaxListPages caps one pass's walk of the provider's list endpoint (50 pages).
 	MaxListPages int
+	// UsageTotalsLag is how far behind the pass a usage-totals window ends (1h: Stripe
+	// aggregates meter events asynchronously); tests set it below zero to compare up to
+	// now. UsageClockSkew widens each settlement's span at the provider (1m).
+	UsageTotalsLag, UsageClockSkew time.Duration
 
 	clients providerClients
 	// findings remembers each provider's last pass, so new findings are counted once.
 	findings findingMemory
 	// walks keeps each provider's list walk that a pass cut at MaxListPages.
 	walks walkMemory
+	// usage remembers where each provider's last usage-totals comparison ended.
+	usage usageMarks
 }
 
 func (r *BillingProviderReconciler) credentialRecheck() time.Duration {

@@ -154,6 +154,8 @@ type passState struct {
 	// whose first pass started at walkStarted.
 	listedAll   bool
 	walkStarted time.Time
+	// windowStart is the report's window start.
+	windowStart time.Time
 	// items keeps up to maxReportItems findings per type until the report is filled.
 	items map[hooksv1alpha1.DiscrepancyType][]hooksv1alpha1.Discrepancy
 }
@@ -191,6 +193,7 @@ var itemOrder = []hooksv1alpha1.DiscrepancyType{
 	hooksv1alpha1.DiscrepancyLocalSettledProviderUnknown, hooksv1alpha1.DiscrepancyJobWithoutSettlement,
 	hooksv1alpha1.DiscrepancySettlementWithoutJob, hooksv1alpha1.DiscrepancySettlementWithoutBillingProvider,
 	hooksv1alpha1.DiscrepancyEventQuarantined, hooksv1alpha1.DiscrepancyProviderRecordWithoutSettlement,
+	hooksv1alpha1.DiscrepancyUsageTotalMismatch,
 }
 
 // fillItems takes findings round-robin across types, so that a flood of one kind
@@ -241,7 +244,7 @@ func (r *BillingProviderReconciler) pass(ctx context.Context, bp *hooksv1alpha1.
 	}
 	base := rr.DeepCopy()
 	p := &passState{report: &rr.Status, byType: map[hooksv1alpha1.DiscrepancyType]int32{}, examined: map[string]int32{},
-		namespace: bp.Namespace, provider: bp.Name, previous: r.findings.last(bp.UID), seen: map[uint64]struct{}{}}
+		namespace: bp.Namespace, provider: bp.Name, previous: r.findings.last(bp.UID), seen: map[uint64]struct{}{}, windowStart: start}
 	rr.Status.Phase = hooksv1alpha1.ReportRunning
 
 	err := r.compare(ctx, bp, c, policy, now, rr.Name, p)
@@ -393,6 +396,13 @@ func (r *BillingProviderReconciler) compare(ctx context.Context, bp *hooksv1alph
 	// 4-6. The provider's records against ours. An unreachable provider does not stop
 	// the local checks; the report says the comparison was skipped and fails.
 	providerErr := r.compareProvider(ctx, bp, c, now, reportName, byKey, mine, p)
+	if t, ok := billing.UsageTotalsOf(c); ok {
+		// A provider that totals usage instead of listing it (Stripe's meter events).
+		// Its errors never fail the pass; only the archive's do, as everywhere here.
+		if err := r.compareUsageTotals(ctx, bp, t, p.windowStart, now, settlements.Items, p); err != nil && providerErr == nil {
+			providerErr = err
+		}
+	}
 
 	// 7-8. Events not complete past a threshold, and quarantined events.
 	var events hooksv1alpha1.WebhookEventList

@@ -16,6 +16,17 @@ import (
 	"github.com/settlement-operator/settlement-operator/test/fixtures"
 )
 
+// stripeBilling makes a tenant's BillingProvider a Stripe one against fake, usage meter
+// "tokens" reported to the fake's meter mtr_tokens (event name tokens_used).
+func stripeBilling(fake *fakestripe.Server) func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider) {
+	return func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+		bp.Spec.Type, bp.Spec.Endpoint = hooksv1alpha1.BillingProviderStripe, fake.URL()
+		bp.Spec.RequestTimeout = fixtures.Duration(time.Second)
+		bp.Spec.Stripe = &hooksv1alpha1.StripeSettings{Meters: []hooksv1alpha1.StripeMeter{
+			{Meter: "tokens", EventName: "tokens_used", ID: "mtr_tokens"}}}
+	}
+}
+
 // The billing rows of the failure matrix (docs/design.md §9) against the Stripe-shaped
 // fake (test/fakestripe: Stripe's idempotency layer, meter events, invoice items), each
 // ending with exactly one charge per key in its ledger.
@@ -34,12 +45,7 @@ var _ = Describe("a Stripe billing provider (issue 15)", func() {
 	stripeTenant := func(mutate ...func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider)) string {
 		GinkgoHelper()
 		return newTenantWithToken(stripeKey, append([]func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider){
-			func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
-				bp.Spec.Type, bp.Spec.Endpoint = hooksv1alpha1.BillingProviderStripe, fake.URL()
-				bp.Spec.RequestTimeout = fixtures.Duration(time.Second)
-				bp.Spec.Stripe = &hooksv1alpha1.StripeSettings{Meters: []hooksv1alpha1.StripeMeter{
-					{Meter: "tokens", EventName: "tokens_used", ID: "mtr_tokens"}}}
-			}, withLines}, mutate...)...)
+			stripeBilling(fake), withLines}, mutate...)...)
 	}
 	invoice := func(customer string, cents int) string {
 		return fmt.Sprintf(`{"type":"invoice.paid","data":{"customer":%q,"lines":[{"a":"inv","b":"1","cents":%d}]}}`, customer, cents)

@@ -141,7 +141,10 @@ func startManager(opts ...managerOptions) *runningManager {
 		CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
 	Expect((&controllers.BillingProviderReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("billingprovider"), Archive: o.store, Health: health,
-		CredentialRecheckInterval: time.Second, MaxListPages: o.maxListPages}).SetupWithManager(m)).To(Succeed())
+		CredentialRecheckInterval: time.Second, MaxListPages: o.maxListPages,
+		// Usage totals are compared up to 1s ago with 1s of clock skew (1h and 1m in
+		// production): the fakes and the API server share this machine's clock.
+		UsageTotalsLag: time.Second, UsageClockSkew: time.Second}).SetupWithManager(m)).To(Succeed())
 	recvOpts := receiver.Options{BindAddress: "127.0.0.1:0", SecretTTL: time.Second}
 	if o.store != nil {
 		Expect((&controllers.Archiver{Client: m.GetClient(), Archive: o.store, After: o.archiveAfter,

@@ -28,10 +28,14 @@ const (
 type StripeSettings struct {
 	// meters maps the settlements' usage meters (spec.usage.meter) to Stripe meters. A
 	// usage charge for a meter not listed is refused, never sent under a guessed name.
+	// Each Stripe meter (event name, id) is mapped once: reconciliation compares one
+	// usage meter's usage with its Stripe meter's totals.
 	// +optional
 	// +listType=map
 	// +listMapKey=meter
 	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.all(m, self.exists_one(o, o.eventName == m.eventName))",message="each Stripe eventName is mapped from one usage meter only: reconciliation compares a usage meter's usage with its Stripe meter's totals"
+	// +kubebuilder:validation:XValidation:rule="self.all(m, !has(m.id) || m.id == '' || self.exists_one(o, has(o.id) && o.id == m.id))",message="each Stripe meter id is mapped from one usage meter only: reconciliation compares a usage meter's usage with its Stripe meter's totals"
 	Meters []StripeMeter `json:"meters,omitempty"`
 }
 

@@ -15,7 +15,7 @@ const (
 )
 
 // DiscrepancyType names one question of docs/design.md §7.
-// +kubebuilder:validation:Enum=JobWithoutSettlement;SettlementWithoutJob;SettlementStuck;ProviderSettledLocalPending;LocalSettledProviderUnknown;ProviderRecordWithoutSettlement;EventNotComplete;EventQuarantined;AmountMismatch;SettlementWithoutBillingProvider
+// +kubebuilder:validation:Enum=JobWithoutSettlement;SettlementWithoutJob;SettlementStuck;ProviderSettledLocalPending;LocalSettledProviderUnknown;ProviderRecordWithoutSettlement;EventNotComplete;EventQuarantined;AmountMismatch;SettlementWithoutBillingProvider;UsageTotalMismatch
 type DiscrepancyType string
 
 const (
@@ -32,6 +32,11 @@ const (
 	// that does not exist in its namespace (a typo in a route, a provider deleted), so
 	// no provider's pass compares it; every pass of the namespace reports it.
 	DiscrepancySettlementWithoutBillingProvider DiscrepancyType = "SettlementWithoutBillingProvider"
+	// DiscrepancyUsageTotalMismatch: a provider that totals usage instead of listing
+	// it (Stripe's meter event summaries) holds, for one customer and meter over a
+	// window, a total outside what the settlements sent for them can add up to; or
+	// the provider's meter does not total what is sent (docs/design.md §13).
+	DiscrepancyUsageTotalMismatch DiscrepancyType = "UsageTotalMismatch"
 )
 
 // RepairAction is what is done about a discrepancy.

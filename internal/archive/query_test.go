@@ -305,3 +305,69 @@ func TestCheckSchemaAndReadOnly(t *testing.T) {
 		t.Fatal("a read-only store must not write")
 	}
 }
+
+// SettledUsage is what reconciliation adds to the live settlements' usage when it
+// compares totals with Stripe's meter event summaries: settled usage charges of one
+// provider whose time at the provider may fall in the window, and whether something
+// reverses them.
+func TestSettledUsage(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	noon := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	at := func(name string, submitted, settledAt time.Time) *hooksv1alpha1.BillingSettlement {
+		bs := settled(name)
+		sub, set := metav1.NewTime(submitted), metav1.NewTime(settledAt)
+		bs.Status.FirstSubmittedAt, bs.Status.SettledAt = &sub, &set
+		return bs
+	}
+	in := at("in", noon, noon.Add(time.Second))
+	in.Spec.Usage.Quantity = "12.50"
+	must(t, s.ArchiveSettlement(ctx, in))
+	must(t, s.ArchiveSettlement(ctx, at("straddles-start", noon.Add(-2*time.Minute), noon.Add(time.Minute))))
+	must(t, s.ArchiveSettlement(ctx, at("settled-before", noon.Add(-2*time.Hour), noon.Add(-time.Hour-time.Second))))
+	must(t, s.ArchiveSettlement(ctx, at("submitted-after", noon.Add(2*time.Hour), noon.Add(2*time.Hour))))
+	failed := at("failed", noon, noon)
+	failed.Status.State, failed.Status.SettledAt, failed.Status.Exposure = hooksv1alpha1.SettlementFailed, nil, hooksv1alpha1.ExposureNone
+	must(t, s.ArchiveSettlement(ctx, failed))
+	other := at("other-provider", noon, noon)
+	other.Spec.BillingProviderRef = "other"
+	must(t, s.ArchiveSettlement(ctx, other))
+	otherNS := at("other-namespace", noon, noon)
+	otherNS.Namespace, otherNS.UID = "tenant-b", "uid-b"
+	must(t, s.ArchiveSettlement(ctx, otherNS))
+	amount := at("amount", noon, noon)
+	amount.Spec.Usage = nil
+	amount.Spec.Amount = &hooksv1alpha1.Amount{Minor: 100, Currency: "USD"}
+	must(t, s.ArchiveSettlement(ctx, amount))
+	must(t, s.ArchiveSettlement(ctx, at("reversed", noon, noon)))
+	void := at("void-of-reversed", noon.Add(time.Minute), noon.Add(time.Minute))
+	void.Spec.Type, void.Spec.Reverses = hooksv1alpha1.SettlementVoid, "reversed"
+	must(t, s.ArchiveSettlement(ctx, void))
+	// A refund of an amount is a credit of its own: the usage stays.
+	must(t, s.ArchiveSettlement(ctx, at("credited", noon, noon)))
+	credit := at("credit-of-credited", noon.Add(time.Minute), noon.Add(time.Minute))
+	credit.Spec.Type, credit.Spec.Reverses, credit.Spec.Usage = hooksv1alpha1.SettlementRefund, "credited", nil
+	credit.Spec.Amount = &hooksv1alpha1.Amount{Minor: 100, Currency: "USD"}
+	must(t, s.ArchiveSettlement(ctx, credit))
+
+	var got []string
+	must(t, s.SettledUsage(ctx, "tenant-a", "billing", noon.Add(-time.Hour), noon.Add(time.Hour), func(u archive.UsageRow) error {
+		got = append(got, fmt.Sprintf("%s %s %s %s %s %s-%s %v %s", u.Name, u.UID, u.Customer, u.Meter, u.Quantity,
+			u.FirstSubmittedAt.UTC().Format("15:04:05"), u.SettledAt.UTC().Format("15:04:05"), u.Reversed, u.SentTo.BillingProviderUID))
+		return nil
+	}))
+	want := "[credited uid-credited cus_1 tokens 1523 12:00:00-12:00:00 false bp-1 in uid-in cus_1 tokens 12.50 12:00:00-12:00:01 false bp-1 " +
+		"reversed uid-reversed cus_1 tokens 1523 12:00:00-12:00:00 true bp-1 straddles-start uid-straddles-start cus_1 tokens 1523 11:58:00-12:01:00 false bp-1]"
+	if fmt.Sprint(got) != want {
+		t.Fatalf("got  %v\nwant %s", got, want)
+	}
+	cancelled, err := s.CancelledAmong(ctx, "tenant-a", []string{"reversed", "credited", "in", "live-only"})
+	must(t, err)
+	if fmt.Sprint(cancelled) != "map[reversed:true]" {
+		t.Fatalf("cancelled among: %v (a credit is not a cancellation)", cancelled)
+	}
+	stop := errors.New("stop")
+	if err := s.SettledUsage(ctx, "tenant-a", "billing", noon.Add(-time.Hour), noon.Add(time.Hour), func(archive.UsageRow) error { return stop }); !errors.Is(err, stop) {
+		t.Fatalf("an error from fn: %v", err)
+	}
+}

@@ -468,3 +468,95 @@ func (s *Store) SettlementsByIdempotencyKey(ctx context.Context, namespace strin
 	}
 	return out, nil
 }
+
+// UsageRow is an archived, settled usage charge, as reconciliation adds it to the
+// totals it compares with a provider that totals usage (Stripe's meter event
+// summaries, docs/design.md §13).
+type UsageRow struct {
+	Name, UID, Customer, Meter string
+	// Quantity is spec.usage.quantity as decimal text, exactly as archived.
+	Quantity string
+	// FirstSubmittedAt and SettledAt bound when the provider received it.
+	FirstSubmittedAt, SettledAt time.Time
+	// Reversed says an archived Void, or Refund without an amount, that may have moved
+	// money reverses it (a provider cancels the usage then; a refund of an amount is a
+	// credit of its own and leaves the usage).
+	Reversed bool
+	// SentTo is where it was sent (status.sentTo; empty when an older operator did not
+	// record it).
+	SentTo hooksv1alpha1.ProviderTarget
+}
+
+// CancelledAmong returns which of the named settlements of a namespace an archived
+// Void, or Refund without an amount, that may have moved money reverses: their usage
+// may be cancelled at the provider.
+func (s *Store) CancelledAmong(ctx context.Context, namespace string, names []string) (map[string]bool, error) {
+	out := map[string]bool{}
+	if len(names) == 0 {
+		return out, nil
+	}
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	rows, err := s.pool.Query(ctx, `SELECT DISTINCT reverses FROM settlements
+		WHERE namespace = $1 AND reverses <> '' AND reverses = ANY($2) AND exposure <> 'None'
+			AND (type = 'Void' OR (type = 'Refund' AND amount_minor IS NULL))`, namespace, names)
+	if err != nil {
+		return nil, fmt.Errorf("list archived cancellations: %w", err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list archived cancellations: %w", err)
+	}
+	for _, n := range got {
+		out[n] = true
+	}
+	return out, nil
+}
+
+// SettledUsage calls fn with each archived Settled usage charge of billingProvider in
+// namespace whose time at the provider may fall in [since, until): settled at or
+// after since and first submitted before until. Archived settlements are final and
+// never hold money unresolved, so Settled ones are all a total can include. The rows
+// come from the archived_at index (a row is archived after it settled; an hour allows
+// for the database's clock being behind the operator's).
+func (s *Store) SettledUsage(ctx context.Context, namespace, billingProvider string, since, until time.Time, fn func(UsageRow) error) error {
+	if err := s.ready(); err != nil {
+		return err
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	rows, err := s.pool.Query(ctx, `SELECT s.name, s.uid, s.customer, s.usage_meter, s.usage_quantity::text,
+			COALESCE(s.first_submitted_at, s.created_at), s.settled_at,
+			EXISTS (SELECT 1 FROM settlements r WHERE r.namespace = s.namespace AND r.reverses <> '' AND r.reverses = s.name
+				AND r.exposure <> 'None' AND (r.type = 'Void' OR (r.type = 'Refund' AND r.amount_minor IS NULL))),
+			COALESCE(s.object->'status'->'sentTo', '{}'::jsonb)
+		FROM settlements s
+		WHERE s.archived_at >= $3::timestamptz - interval '1 hour' AND s.namespace = $1 AND s.billing_provider = $2
+			AND s.type = 'Charge' AND s.usage_meter IS NOT NULL AND s.usage_quantity IS NOT NULL AND s.state = 'Settled'
+			AND s.settled_at >= $3 AND COALESCE(s.first_submitted_at, s.created_at) < $4
+		ORDER BY s.name`, namespace, billingProvider, since.UTC(), until.UTC())
+	if err != nil {
+		return fmt.Errorf("list archived usage: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var u UsageRow
+		var sentTo []byte
+		if err := rows.Scan(&u.Name, &u.UID, &u.Customer, &u.Meter, &u.Quantity, &u.FirstSubmittedAt, &u.SettledAt, &u.Reversed, &sentTo); err != nil {
+			return fmt.Errorf("read archived usage: %w", err)
+		}
+		if err := json.Unmarshal(sentTo, &u.SentTo); err != nil {
+			return fmt.Errorf("read archived usage %s: status.sentTo: %w", u.Name, err)
+		}
+		if err := fn(u); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("list archived usage: %w", err)
+	}
+	return nil
+}

@@ -150,6 +150,26 @@ type RequestLooker interface {
 	LookupRequest(ctx context.Context, r Request) (rec Record, found bool, err error)
 }
 
+// UsageTotaler is a Client whose provider keeps no record of a usage charge that can
+// be listed or read back, but totals them per customer and meter (Stripe's meter event
+// summaries): reconciliation compares those totals with ours (docs/design.md §13).
+type UsageTotaler interface {
+	// UsageTotal is the provider's total of usage meter's quantities for customer over
+	// [start, end), whole minutes, as a decimal string. An *Error with Unanswerable says
+	// this meter's totals cannot be compared at all (Message says why and what to do).
+	UsageTotal(ctx context.Context, meter, customer string, start, end time.Time) (string, error)
+}
+
+// UsageTotalsOf returns c's UsageTotaler, under any wrappers; ok is false when its
+// provider lists every record instead.
+func UsageTotalsOf(c Client) (UsageTotaler, bool) {
+	if t, ok := c.(UsageTotaler); ok {
+		return t, true
+	}
+	t, ok := Unwrap(c).(UsageTotaler)
+	return t, ok
+}
+
 // LookupFor asks c for r's record: from the request where the adapter needs it, by
 // r.IdempotencyKey otherwise. Controllers always ask through it.
 func LookupFor(ctx context.Context, c Client, r Request) (Record, bool, error) {

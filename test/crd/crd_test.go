@@ -511,6 +511,17 @@ var _ = Describe("BillingProvider validation", func() {
 		noEvent := stripe("stripe-no-event", time.Hour)
 		noEvent.Spec.Stripe.Meters[0].EventName = ""
 		expectInvalid(k8s.Create(ctx, noEvent), "eventName")
+		// One usage meter per Stripe meter: reconciliation compares each with its totals.
+		twice := stripe("stripe-event-twice", time.Hour)
+		twice.Spec.Stripe.Meters = append(twice.Spec.Stripe.Meters, hooksv1alpha1.StripeMeter{Meter: "tokens-alias", EventName: "inference_tokens"})
+		expectInvalid(k8s.Create(ctx, twice), "each Stripe eventName is mapped from one usage meter only")
+		sameID := stripe("stripe-id-twice", time.Hour)
+		sameID.Spec.Stripe.Meters = []hooksv1alpha1.StripeMeter{{Meter: "a", EventName: "a_used", ID: "mtr_1"}, {Meter: "b", EventName: "b_used", ID: "mtr_1"}}
+		expectInvalid(k8s.Create(ctx, sameID), "each Stripe meter id is mapped from one usage meter only")
+		many := stripe("stripe-many-meters", time.Hour)
+		many.Spec.Stripe.Meters = []hooksv1alpha1.StripeMeter{{Meter: "a", EventName: "a_used", ID: "mtr_1"},
+			{Meter: "b", EventName: "b_used", ID: "mtr_2"}, {Meter: "c", EventName: "c_used"}, {Meter: "d", EventName: "d_used"}}
+		Expect(k8s.Create(ctx, many)).To(Succeed(), "distinct meters, two without an id")
 	})
 
 	It("refuses a backoff that starts above its cap", func() {

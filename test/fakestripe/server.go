@@ -48,6 +48,8 @@ type Meter struct {
 	// CustomerKey and ValueKey are the meter's payload keys (Stripe's defaults
 	// stripe_customer_id and value when empty).
 	CustomerKey, ValueKey string
+	// Formula is the meter's default aggregation (sum when empty; count, last).
+	Formula string
 }
 
 // Options configures a fake.
@@ -131,6 +133,7 @@ type fault struct {
 	status     int
 	errType    string
 	code       string
+	param      string
 	retryAfter string
 	delay      time.Duration
 }
@@ -152,6 +155,9 @@ func Start(opts Options) (*Server, error) {
 		}
 		if opts.Meters[i].ValueKey == "" {
 			opts.Meters[i].ValueKey = "value"
+		}
+		if opts.Meters[i].Formula == "" {
+			opts.Meters[i].Formula = "sum"
 		}
 	}
 	ln, err := net.Listen("tcp", opts.Addr)
@@ -176,6 +182,13 @@ func (s *Server) Close() error { return s.srv.Close() }
 // executing. retryAfter, when set, is sent as Retry-After.
 func (s *Server) FailNext(n int, path string, status int, errType, code, retryAfter string) {
 	s.addFaults(n, fault{kind: faultError, path: path, status: status, errType: errType, code: code, retryAfter: retryAfter})
+}
+
+// RefuseNext makes the next n requests to path answer status with an
+// invalid_request_error of code about param, executing nothing (Stripe refusing, say,
+// a customer that does not exist: 404 resource_missing, param customer).
+func (s *Server) RefuseNext(n int, path string, status int, code, param string) {
+	s.addFaults(n, fault{kind: faultError, path: path, status: status, errType: "invalid_request_error", code: code, param: param})
 }
 
 // RateLimitNext answers the next n requests 429 as Stripe does (rate_limit, with
@@ -243,6 +256,31 @@ func (s *Server) MeterEvents() []MeterEvent {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return copies(s.events)
+}
+
+// AddMeterEvent records a meter event nobody sent through the API (usage another
+// system reported for the same customer and meter), dated now.
+func (s *Server) AddMeterEvent(eventName, identifier, customer, value string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.opts.Now()
+	s.events = append(s.events, &MeterEvent{EventName: eventName, Identifier: identifier, Customer: customer, Value: value,
+		Timestamp: now.Unix(), Created: now})
+}
+
+// InvalidateMeterEvent drops an accepted meter event from the totals, as Stripe does
+// with one its asynchronous validation refuses (reported in the meter's error
+// reports, never to the request that sent it); false when there is no such event.
+func (s *Server) InvalidateMeterEvent(identifier string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.events {
+		if e.Identifier == identifier && !e.Cancelled {
+			e.Cancelled = true
+			return true
+		}
+	}
+	return false
 }
 
 // InvoiceItems returns a copy of the invoice item ledger, deleted ones included.
@@ -343,7 +381,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if f.status == http.StatusTooManyRequests {
 			h["Stripe-Rate-Limited-Reason"] = "global-rate"
 		}
-		write(w, f.status, errorBody(apiError{Type: f.errType, Code: f.code, Message: "injected failure"}), h)
+		write(w, f.status, errorBody(apiError{Type: f.errType, Code: f.code, Param: f.param, Message: "injected failure"}), h)
 		return
 	}
 
@@ -455,6 +493,8 @@ func (s *Server) route(r *http.Request) (int, []byte) {
 		return s.createAdjustment(r.PostForm)
 	case r.Method == http.MethodGet && p == "/v1/billing/meters":
 		return s.listMeters()
+	case r.Method == http.MethodGet && strings.HasPrefix(p, "/v1/billing/meters/") && !strings.Contains(strings.TrimPrefix(p, "/v1/billing/meters/"), "/"):
+		return s.getMeter(strings.TrimPrefix(p, "/v1/billing/meters/"))
 	case r.Method == http.MethodGet && strings.HasPrefix(p, "/v1/billing/meters/") && strings.HasSuffix(p, "/event_summaries"):
 		return s.eventSummaries(strings.TrimSuffix(strings.TrimPrefix(p, "/v1/billing/meters/"), "/event_summaries"), r.Form)
 	case r.Method == http.MethodPost && p == "/v1/invoiceitems":
@@ -572,11 +612,25 @@ func (s *Server) createAdjustment(f url.Values) (int, []byte) {
 func (s *Server) listMeters() (int, []byte) {
 	data := []map[string]any{}
 	for _, m := range s.opts.Meters {
-		data = append(data, map[string]any{"id": m.ID, "object": "billing.meter", "event_name": m.EventName, "status": "active",
-			"customer_mapping": map[string]string{"event_payload_key": m.CustomerKey, "type": "by_id"},
-			"value_settings":   map[string]string{"event_payload_key": m.ValueKey}})
+		data = append(data, meterJSON(m))
 	}
 	return http.StatusOK, mustJSON(map[string]any{"object": "list", "url": "/v1/billing/meters", "has_more": false, "data": data})
+}
+
+func (s *Server) getMeter(id string) (int, []byte) {
+	for _, m := range s.opts.Meters {
+		if m.ID == id {
+			return http.StatusOK, mustJSON(meterJSON(m))
+		}
+	}
+	return http.StatusNotFound, errorBody(apiError{Type: "invalid_request_error", Code: "resource_missing", Message: "No such billing meter: " + id})
+}
+
+func meterJSON(m Meter) map[string]any {
+	return map[string]any{"id": m.ID, "object": "billing.meter", "event_name": m.EventName, "status": "active",
+		"default_aggregation": map[string]string{"formula": m.Formula},
+		"customer_mapping":    map[string]string{"event_payload_key": m.CustomerKey, "type": "by_id"},
+		"value_settings":      map[string]string{"event_payload_key": m.ValueKey}}
 }
 
 func (s *Server) eventSummaries(meterID string, f url.Values) (int, []byte) {

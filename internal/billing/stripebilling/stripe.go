@@ -24,11 +24,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/stripe/stripe-go/v82"
@@ -121,6 +123,9 @@ type Client struct {
 	cfg    Config
 	mode   Mode
 	meters map[string]Meter
+
+	mu      sync.Mutex
+	checked map[string]meterCheck // by Stripe meter ID
 }
 
 var _ billing.Client = (*Client)(nil)
@@ -525,6 +530,152 @@ func (c *Client) List(ctx context.Context, since time.Time, cursor string) ([]bi
 }
 
 const pageSize = 100
+
+var _ billing.UsageTotaler = (*Client)(nil)
+
+// maxExactTotal is the largest aggregate compared: Stripe sends a summary's
+// aggregated_value as a JSON number and stripe-go decodes it as a float64, which holds
+// every whole number up to 2^53 exactly, and nothing past it.
+const maxExactTotal = 1 << 53
+
+// UsageTotal is Stripe's total of a usage meter's events for customer over [start,
+// end) — the meter's event summary — compared by reconciliation with the quantities
+// the operator sent (meter events cannot be listed or read back one by one). The
+// Stripe meter is read first: only a meter that sums the value key of the events of
+// our event name, for the customer key we send, totals what we sent. A meter without
+// an ID in spec.stripe.meters, or that does not sum, answers Unanswerable.
+//
+// Errors: Unanswerable with Unreadable for a mapping without an ID (nothing to compare,
+// by the user's choice); Unanswerable for a meter that cannot total what we send, or
+// that this key cannot read (403) or this account and mode does not have (404: meter
+// IDs differ between test and live mode) — the whole meter is out; Terminal for one
+// customer's total that cannot be read or compared (Stripe refuses the customer, a
+// total past 2^53); Transient for the rest (try the window again later). Any other
+// refusal of a summary request is the meter's (Unanswerable), never one per customer.
+func (c *Client) UsageTotal(ctx context.Context, meter, customer string, start, end time.Time) (string, error) {
+	m, ok := c.meters[meter]
+	if !ok {
+		return "", &billing.Error{Class: billing.Terminal, Unanswerable: true, Code: "unknown_meter",
+			Message: fmt.Sprintf("no Stripe meter is configured for usage meter %q (spec.stripe.meters) any more", meter)}
+	}
+	if m.ID == "" {
+		return "", &billing.Error{Class: billing.Terminal, Unanswerable: true, Unreadable: true, Code: "meter_id_missing",
+			Message: fmt.Sprintf("spec.stripe.meters has no id (mtr_...) for usage meter %q: Stripe's totals cannot be read without it", meter)}
+	}
+	if start.Truncate(time.Minute) != start || end.Truncate(time.Minute) != end || !end.After(start) {
+		return "", terminal("window_not_whole_minutes", "a meter event summary covers whole minutes, start before end")
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	if err := c.checkMeter(ctx, meter, m); err != nil {
+		return "", err
+	}
+	p := &stripe.BillingMeterEventSummaryListParams{ID: stripe.String(m.ID), Customer: stripe.String(customer),
+		StartTime: stripe.Int64(start.Unix()), EndTime: stripe.Int64(end.Unix())}
+	total := new(big.Int)
+	for sum, err := range c.sc.V1BillingMeterEventSummaries.List(ctx, p) {
+		if err != nil {
+			e := classify(err, false)
+			se := stripeError(err)
+			switch {
+			case se != nil && se.Param == "customer" && e.Class == billing.Terminal:
+				return "", e // this customer's total only (Stripe refuses the customer)
+			case e.Status == http.StatusForbidden || e.Status == http.StatusNotFound:
+				c.forgetMeter(m.ID) // deleted or no longer readable since it was checked
+				return "", meterUnreadable(m, meter, e)
+			case e.Class == billing.Terminal:
+				return "", &billing.Error{Class: billing.Terminal, Unanswerable: true, Code: "summary_refused", Status: e.Status,
+					Message: fmt.Sprintf("Stripe refused the event summaries of meter %s: %s", m.ID, e.Message)}
+			}
+			return "", e
+		}
+		v := sum.AggregatedValue
+		if v < 0 || v > maxExactTotal || v != math.Trunc(v) {
+			return "", terminal("total_not_exact", fmt.Sprintf(
+				"Stripe meter %s's total for this customer is not a whole number up to 2^53, which cannot be compared exactly", m.ID))
+		}
+		total.Add(total, new(big.Int).SetInt64(int64(v)))
+	}
+	return total.String(), nil
+}
+
+// meterCheckTTL is how long a meter's check is reused: a pass reads many customers'
+// totals of one meter.
+const meterCheckTTL = 5 * time.Minute
+
+type meterCheck struct {
+	at  time.Time
+	err *billing.Error // nil: the meter totals what we send
+}
+
+// checkMeter reads the Stripe meter (once per meterCheckTTL) and says whether its
+// totals are the sum of what the operator sends for usage meter name.
+func (c *Client) checkMeter(ctx context.Context, name string, m Meter) error {
+	c.mu.Lock()
+	prior, ok := c.checked[m.ID]
+	c.mu.Unlock()
+	if ok && c.cfg.Now().Sub(prior.at) < meterCheckTTL {
+		if prior.err != nil {
+			return prior.err
+		}
+		return nil
+	}
+	var result *billing.Error
+	sm, err := c.sc.V1BillingMeters.Retrieve(ctx, m.ID, nil)
+	if err != nil {
+		e := classify(err, false)
+		if e.Status != http.StatusForbidden && e.Status != http.StatusNotFound {
+			return e // not kept: try again
+		}
+		result = meterUnreadable(m, name, e)
+	} else if why := meterMismatch(sm, m); why != "" {
+		result = &billing.Error{Class: billing.Terminal, Unanswerable: true, Code: "meter_not_comparable",
+			Message: fmt.Sprintf("Stripe meter %s %s: its totals are not the sum of what the operator sends for usage meter %q", m.ID, why, name)}
+	}
+	c.mu.Lock()
+	if c.checked == nil {
+		c.checked = map[string]meterCheck{}
+	}
+	c.checked[m.ID] = meterCheck{at: c.cfg.Now(), err: result}
+	c.mu.Unlock()
+	if result != nil {
+		return result
+	}
+	return nil
+}
+
+func (c *Client) forgetMeter(id string) {
+	c.mu.Lock()
+	delete(c.checked, id)
+	c.mu.Unlock()
+}
+
+// meterUnreadable is a meter this key may not read (403) or this account and mode does
+// not have (404).
+func meterUnreadable(m Meter, name string, e *billing.Error) *billing.Error {
+	why := "this key may not read it (allow the restricted key to read billing meters)"
+	if e.Status == http.StatusNotFound {
+		why = "it does not exist in this account and mode (meter IDs differ between test and live mode)"
+	}
+	return &billing.Error{Class: billing.Terminal, Unanswerable: true, Code: "meter_unreadable", Status: e.Status,
+		Message: fmt.Sprintf("Stripe meter %s of usage meter %q cannot be read: %s", m.ID, name, why)}
+}
+
+// meterMismatch says why a Stripe meter does not total what the operator sends for m
+// ("" when it does).
+func meterMismatch(sm *stripe.BillingMeter, m Meter) string {
+	switch {
+	case sm.EventName != m.EventName:
+		return "counts another event name than spec.stripe.meters says"
+	case sm.DefaultAggregation == nil || sm.DefaultAggregation.Formula != stripe.BillingMeterDefaultAggregationFormulaSum:
+		return "does not sum its events (its aggregation formula is not sum)"
+	case sm.CustomerMapping == nil || sm.CustomerMapping.EventPayloadKey != m.CustomerKey:
+		return "reads the customer from another payload key than spec.stripe.meters says"
+	case sm.ValueSettings == nil || sm.ValueSettings.EventPayloadKey != m.ValueKey:
+		return "reads the value from another payload key than spec.stripe.meters says"
+	}
+	return ""
+}
 
 func stripeError(err error) *stripe.Error {
 	var se *stripe.Error

@@ -2,6 +2,8 @@ package stripebilling_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -463,6 +465,43 @@ func TestRequestsAreValidForStripe(t *testing.T) {
 	if _, _, err := c.List(ctx, time.Now().Add(-time.Hour), ""); err != nil {
 		t.Fatalf("invoice item list by time: %v", err)
 	}
+	// The meter and its event summaries: stripe-mock answers its own fixture meter,
+	// so the client maps a usage meter to it as a user would.
+	fixture := struct {
+		EventName          string `json:"event_name"`
+		DefaultAggregation struct {
+			Formula string `json:"formula"`
+		} `json:"default_aggregation"`
+		CustomerMapping struct {
+			Key string `json:"event_payload_key"`
+		} `json:"customer_mapping"`
+		ValueSettings struct {
+			Key string `json:"event_payload_key"`
+		} `json:"value_settings"`
+	}{}
+	mreq, _ := http.NewRequest(http.MethodGet, mock.URL()+"/v1/billing/meters/mtr_tokens", nil)
+	mreq.Header.Set("Authorization", "Bearer sk_test_123")
+	mresp, err := http.DefaultClient.Do(mreq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.NewDecoder(mresp.Body).Decode(&fixture); err != nil {
+		t.Fatal(err)
+	}
+	_ = mresp.Body.Close()
+	if fixture.DefaultAggregation.Formula != "sum" {
+		t.Fatalf("stripe-mock's fixture meter aggregates by %q; this check needs one that sums", fixture.DefaultAggregation.Formula)
+	}
+	mc, err := stripebilling.New(stripebilling.Config{Endpoint: mock.URL(), APIKey: "sk_test_123", Timeout: 5 * time.Second,
+		Meters: map[string]stripebilling.Meter{"gpt-tokens": {EventName: fixture.EventName, ID: "mtr_tokens",
+			CustomerKey: fixture.CustomerMapping.Key, ValueKey: fixture.ValueSettings.Key}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := time.Now().Truncate(time.Minute).Add(-time.Hour)
+	if _, err := mc.UsageTotal(ctx, "gpt-tokens", "cus_A", from, from.Add(time.Hour)); err != nil {
+		t.Fatalf("meter and meter event summaries: %v", err)
+	}
 	// stripe-mock refuses what Stripe would, so the checks above are not vacuous: an
 	// invoice item with a parameter Stripe does not have is a 400.
 	req, _ := http.NewRequest(http.MethodPost, mock.URL()+"/v1/invoiceitems",
@@ -477,4 +516,142 @@ func TestRequestsAreValidForStripe(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("stripe-mock answered %d to an invoice item with an unknown parameter, want 400", resp.StatusCode)
 	}
+}
+
+// Reconciliation compares Stripe's meter event summaries with what the operator sent:
+// the total is the sum of the customer's events of the meter's event name in the
+// window, cancelled ones left out, read only from a meter that sums what we send.
+func TestUsageTotal(t *testing.T) {
+	ctx := context.Background()
+	fake, c, _ := setup(t)
+	start := time.Now().Truncate(time.Minute).Add(-time.Minute)
+	end := start.Add(3 * time.Minute)
+	for i, q := range []string{"1500", "2500", "7"} {
+		r := usageCharge(fmt.Sprintf("total%d", i))
+		r.OccurredAt = time.Time{} // dated at Stripe's receipt, as the operator sends them
+		r.Usage.Quantity = q
+		if i == 2 {
+			r.Customer = "cus_B"
+		}
+		if _, err := c.Submit(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancelled := usageCharge("totalcancelled")
+	cancelled.OccurredAt = time.Time{}
+	rec, err := c.Submit(ctx, cancelled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Submit(ctx, voidOf(cancelled, rec.ID, "stl_totalvoid")); err != nil {
+		t.Fatal(err)
+	}
+	for customer, want := range map[string]string{"cus_A": "4000", "cus_B": "7", "cus_C": "0"} {
+		got, err := c.UsageTotal(ctx, "gpt-tokens", customer, start, end)
+		if err != nil || got != want {
+			t.Fatalf("%s: total %q, %v; want %s", customer, got, err, want)
+		}
+	}
+	if got, err := c.UsageTotal(ctx, "gpt-tokens", "cus_A", end, end.Add(time.Minute)); err != nil || got != "0" {
+		t.Fatalf("a window after the events: %q, %v", got, err)
+	}
+	if len(fake.Requests()) == 0 {
+		t.Fatal("no request reached the fake")
+	}
+
+	meterReads := func() int {
+		n := 0
+		for _, r := range fake.Requests() {
+			if r.Method == http.MethodGet && r.Path == "/v1/billing/meters/mtr_tokens" {
+				n++
+			}
+		}
+		return n
+	}
+	if n := meterReads(); n != 1 {
+		t.Fatalf("the meter was read %d times for four totals, want once (a check is kept 5m)", n)
+	}
+	if _, err := c.UsageTotal(ctx, "gpt-tokens", "cus_A", start.Add(time.Second), end); class(t, err).Class != billing.Terminal {
+		t.Fatalf("a window not on whole minutes: %v", err)
+	}
+	if _, err := c.UsageTotal(ctx, "other-meter", "cus_A", start, end); !class(t, err).Unanswerable || class(t, err).Code != "unknown_meter" {
+		t.Fatalf("an unmapped usage meter: %v", err)
+	}
+	// One customer's total Stripe refuses is that customer's, not the meter's.
+	fake.RefuseNext(1, "/v1/billing/meters/mtr_tokens/event_summaries", http.StatusNotFound, "resource_missing", "customer")
+	if e := class(t, func() error { _, err := c.UsageTotal(ctx, "gpt-tokens", "cus_gone", start, end); return err }()); e.Class != billing.Terminal || e.Unanswerable {
+		t.Fatalf("a refused customer: %+v, want terminal for this total only", e)
+	}
+	// Any other refusal is the meter's: one finding, not one per customer.
+	fake.RefuseNext(1, "/v1/billing/meters/mtr_tokens/event_summaries", http.StatusBadRequest, "parameter_invalid_integer", "start_time")
+	if e := class(t, func() error { _, err := c.UsageTotal(ctx, "gpt-tokens", "cus_A", start, end); return err }()); !e.Unanswerable || e.Code != "summary_refused" {
+		t.Fatalf("a refused summary request: %+v", e)
+	}
+	// A meter deleted since it was checked: the meter's, and checked again next time.
+	fake.RefuseNext(1, "/v1/billing/meters/mtr_tokens/event_summaries", http.StatusNotFound, "resource_missing", "")
+	if e := class(t, func() error { _, err := c.UsageTotal(ctx, "gpt-tokens", "cus_A", start, end); return err }()); !e.Unanswerable || e.Code != "meter_unreadable" {
+		t.Fatalf("a meter gone since its check: %+v", e)
+	}
+	before := meterReads()
+	// Stripe failing is tried again later, by the next pass.
+	fake.FailNext(1, "/v1/billing/meters/mtr_tokens/event_summaries", http.StatusInternalServerError, "api_error", "", "")
+	if e := class(t, func() error { _, err := c.UsageTotal(ctx, "gpt-tokens", "cus_A", start, end); return err }()); e.Class != billing.Transient {
+		t.Fatalf("a Stripe 500 on a read: %+v, want transient", e)
+	}
+	if got, err := c.UsageTotal(ctx, "gpt-tokens", "cus_A", start, end); err != nil || got != "4000" {
+		t.Fatalf("after the 500: %q, %v", got, err)
+	}
+	if meterReads() != before+1 {
+		t.Fatalf("the meter was not checked again after it was gone (%d reads, %d before)", meterReads(), before)
+	}
+
+	// Meters whose totals are not the sum of what we send are not compared.
+	cases := []struct {
+		name  string
+		meter fakestripe.Meter
+		ours  stripebilling.Meter
+		code  string
+	}{
+		{"no id in the spec", fakestripe.Meter{ID: "mtr_x", EventName: "gpt_tokens"}, stripebilling.Meter{EventName: "gpt_tokens"}, "meter_id_missing"},
+		{"counts events", fakestripe.Meter{ID: "mtr_x", EventName: "gpt_tokens", Formula: "count"}, stripebilling.Meter{EventName: "gpt_tokens", ID: "mtr_x"}, "meter_not_comparable"},
+		{"another event name", fakestripe.Meter{ID: "mtr_x", EventName: "other"}, stripebilling.Meter{EventName: "gpt_tokens", ID: "mtr_x"}, "meter_not_comparable"},
+		{"another value key", fakestripe.Meter{ID: "mtr_x", EventName: "gpt_tokens", ValueKey: "tokens"}, stripebilling.Meter{EventName: "gpt_tokens", ID: "mtr_x"}, "meter_not_comparable"},
+		// Meter IDs differ between test and live mode: after a key swap, or a meter deleted.
+		{"not in this account and mode", fakestripe.Meter{ID: "mtr_other", EventName: "gpt_tokens"}, stripebilling.Meter{EventName: "gpt_tokens", ID: "mtr_x"}, "meter_unreadable"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := fakestripe.Start(fakestripe.Options{APIKey: apiKey, Meters: []fakestripe.Meter{tc.meter}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			cc, err := stripebilling.New(stripebilling.Config{Endpoint: f.URL(), APIKey: apiKey, Timeout: 2 * time.Second,
+				Meters: map[string]stripebilling.Meter{"gpt-tokens": tc.ours}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = cc.UsageTotal(ctx, "gpt-tokens", "cus_A", start, end)
+			if e := class(t, err); !e.Unanswerable || e.Code != tc.code || e.Class != billing.Terminal || e.Unreadable != (tc.code == "meter_id_missing") {
+				t.Fatalf("got %+v, want unanswerable %s", e, tc.code)
+			}
+		})
+	}
+	t.Run("a key that may not read meters", func(t *testing.T) {
+		f, err := fakestripe.Start(fakestripe.Options{APIKey: apiKey, Meters: []fakestripe.Meter{{ID: "mtr_x", EventName: "gpt_tokens"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		cc, err := stripebilling.New(stripebilling.Config{Endpoint: f.URL(), APIKey: apiKey, Timeout: 2 * time.Second,
+			Meters: map[string]stripebilling.Meter{"gpt-tokens": {EventName: "gpt_tokens", ID: "mtr_x"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.FailNext(1, "/v1/billing/meters/mtr_x", http.StatusForbidden, "invalid_request_error", "", "")
+		_, err = cc.UsageTotal(ctx, "gpt-tokens", "cus_A", start, end)
+		if e := class(t, err); !e.Unanswerable || e.Code != "meter_unreadable" || !strings.Contains(e.Message, "read billing meters") {
+			t.Fatalf("got %+v", e)
+		}
+	})
 }
