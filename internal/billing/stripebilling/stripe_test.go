@@ -655,3 +655,99 @@ func TestUsageTotal(t *testing.T) {
 		}
 	})
 }
+
+// A lost invoice item is found by walking the customer's items newest first, page by
+// page (a walk that stopped at the first page would resend past Stripe's 24-hour key
+// window: a second item); reconciliation's List pages by cursor; past 1,000 newer items
+// the lookup says so instead of answering "not found".
+func TestInvoiceItemPaging(t *testing.T) {
+	ctx := context.Background()
+	start := func(t *testing.T, pageSize int) (*fakestripe.Server, *stripebilling.Client) {
+		t.Helper()
+		fake, err := fakestripe.Start(fakestripe.Options{APIKey: apiKey, PageSize: pageSize})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = fake.Close() })
+		c, err := stripebilling.New(stripebilling.Config{Endpoint: fake.URL(), APIKey: apiKey, Timeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fake, c
+	}
+	submitN := func(t *testing.T, c *stripebilling.Client, prefix, customer string, n int) {
+		t.Helper()
+		for i := range n {
+			r := amountCharge(fmt.Sprintf("%s%04d", prefix, i))
+			r.Customer = customer
+			if _, err := c.Submit(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	listCalls := func(fake *fakestripe.Server) int {
+		n := 0
+		for _, r := range fake.Requests() {
+			if r.Method == http.MethodGet && r.Path == "/v1/invoiceitems" {
+				n++
+			}
+		}
+		return n
+	}
+
+	t.Run("found on the third page; List walks every item once by cursor", func(t *testing.T) {
+		fake, c := start(t, 10)
+		ours := amountCharge("paged")
+		if _, err := c.Submit(ctx, ours); err != nil {
+			t.Fatal(err)
+		}
+		submitN(t, c, "newer", "cus_A", 25)  // newer than ours, same customer
+		submitN(t, c, "other", "cus_B", 100) // another customer's
+		rec, found, err := c.LookupRequest(ctx, ours)
+		if err != nil || !found {
+			t.Fatalf("lookup: found %v, %v", found, err)
+		}
+		mustMatch(t, ours, rec)
+		if n := listCalls(fake); n != 3 {
+			t.Fatalf("%d list calls, want 3 pages of 10", n)
+		}
+
+		seen := map[string]int{}
+		cursor, calls := "", 0
+		for {
+			recs, next, err := c.List(ctx, time.Now().Add(-time.Hour), cursor)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range recs {
+				seen[r.IdempotencyKey]++
+			}
+			if calls++; next == "" {
+				break
+			}
+			cursor = next
+		}
+		if len(seen) != 126 || calls != 2 {
+			t.Fatalf("listed %d distinct items in %d calls, want 126 in 2 (100 per call)", len(seen), calls)
+		}
+		for k, n := range seen {
+			if n != 1 {
+				t.Fatalf("%s listed %d times", k, n)
+			}
+		}
+	})
+
+	t.Run("more than 1,000 newer items: unanswerable, never not found", func(t *testing.T) {
+		_, c := start(t, 100)
+		ours := amountCharge("buried")
+		if _, err := c.Submit(ctx, ours); err != nil {
+			t.Fatal(err)
+		}
+		submitN(t, c, "newer", "cus_A", 1000)
+		_, found, err := c.LookupRequest(ctx, ours)
+		if e := class(t, err); found || !e.Unanswerable || e.Unreadable || e.Code != "lookup_too_long" ||
+			!strings.Contains(e.Message, ours.IdempotencyKey) {
+			t.Fatalf("found %v, %+v", found, e)
+		}
+	})
+}
