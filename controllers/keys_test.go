@@ -228,6 +228,44 @@ var _ = Describe("keys (issue 10)", func() {
 			Eventually(eventPhase(ns, "msg_race_v1")).Should(Equal(hooksv1alpha1.EventComplete))
 		})
 
+		It("never lets a completion received after a newer one create the charge, whatever order they are worked on", func() {
+			// Both are received before either is worked on, and v1 is worked on first: the
+			// e2e failed so on a fresh clone (v2 acknowledged, then v1, then both picked up
+			// by two workers): v1 created the charge with its usage and v2's became a
+			// Conflict for a human, although v2 had been received first.
+			ns := newTenant()
+			v2 := "msg_order_v2"
+			v1 := ""
+			for i := 0; v1 == ""; i++ {
+				// The controller gets the events in name order when it starts: v1's first.
+				if id := fmt.Sprintf("msg_order_v1_%d", i); identity.EventName(ns, "inference", id) < identity.EventName(ns, "inference", v2) {
+					v1 = id
+				}
+			}
+			mgr.stop()
+			mgr = startManager(managerOptions{noEventController: true})
+			restored := false
+			DeferCleanup(func() {
+				if !restored {
+					mgr.stop()
+					mgr = startManager()
+				}
+			})
+			sendOK(ns, v2, jobEvent("job-order", 2, 20))
+			sendOK(ns, v1, jobEvent("job-order", 1, 10))
+			mgr.stop()
+			mgr, restored = startManager(), true
+
+			Eventually(eventPhase(ns, v2)).Should(Equal(hooksv1alpha1.EventComplete))
+			Eventually(eventPhase(ns, v1)).Should(Equal(hooksv1alpha1.EventComplete))
+			Eventually(settlementOp(ns, v1)).Should(WithTransform(outcome, Equal(hooksv1alpha1.OutcomeSuperseded)))
+			Eventually(settlementState(ns, "job-order")).Should(Equal(hooksv1alpha1.SettlementSettled))
+			bs := settlementOf(ns, "job-order")
+			Expect(bs.Spec.SourceEvent).To(Equal(event(ns, v2).Name))
+			Expect(usageCharged(bs.Spec.SettlementKey)).To(Equal([]string{"20"}), "charged once, with v2's usage")
+			Expect(jobOf(ns, "job-order").Spec.Completion.Version).To(Equal(int64(2)))
+		})
+
 		It("supersedes, not conflicts, an older completion whose charge was still pending when a newer one was charged", func() {
 			ns := newTenant()
 			lift := refuseSettlements(ns, "10") // v1's charge cannot be created for now

@@ -107,6 +107,9 @@ type managerOptions struct {
 	archiveAfter time.Duration
 	// maxListPages, when set, caps a reconciliation pass's walk of the provider's list.
 	maxListPages int
+	// noEventController leaves the WebhookEvent controller out: deliveries are stored
+	// and wait, as they would for a busy or starting leader.
+	noEventController bool
 }
 
 func startManager(opts ...managerOptions) *runningManager {
@@ -127,9 +130,11 @@ func startManager(opts ...managerOptions) *runningManager {
 	// its Secret every 1s (5s): webhookprovider_test.go tells the two apart.
 	Expect((&controllers.WebhookProviderReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		SecretRecheckInterval: 10 * time.Second, SecretWaitInterval: time.Second}).SetupWithManager(m)).To(Succeed())
-	Expect((&controllers.WebhookEventReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
-		Recorder: m.GetEventRecorder("webhookevent"), Archive: o.store,
-		StatusDelay: controllers.DefaultEventStatusDelay}).SetupWithManager(m)).To(Succeed())
+	if !o.noEventController {
+		Expect((&controllers.WebhookEventReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
+			Recorder: m.GetEventRecorder("webhookevent"), Archive: o.store,
+			StatusDelay: controllers.DefaultEventStatusDelay}).SetupWithManager(m)).To(Succeed())
+	}
 	// Secrets are not watched: a fixed opt-in is seen at the next recheck, 1s here.
 	Expect((&controllers.JobCompletionReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("jobcompletion"), CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())

@@ -643,6 +643,33 @@ func (r *WebhookEventReconciler) newerCompletion(ctx context.Context, ev *hooksv
 	return current, current > job.version, nil
 }
 
+// newerReceived is the highest version of job that another received event reports,
+// when it is newer than this event's (0 otherwise). It reads the cache, which holds
+// every event received before this one was: the watch delivers them in order.
+func (r *WebhookEventReconciler) newerReceived(ctx context.Context, ev *hooksv1alpha1.WebhookEvent, job jobReport) (int64, error) {
+	if !job.reported || job.id == "" {
+		return 0, nil
+	}
+	var l hooksv1alpha1.WebhookEventList
+	if err := r.List(ctx, &l, client.InNamespace(ev.Namespace),
+		client.MatchingFields{IndexEventChildren: identity.JobCompletionName(ev.Spec.Provider, job.id)}); err != nil {
+		return 0, fmt.Errorf("list events of job %q: %w", job.id, err)
+	}
+	var newest int64
+	for i := range l.Items {
+		o := &l.Items[i]
+		if o.Name == ev.Name || o.Spec.Provider != ev.Spec.Provider || o.Spec.Quarantine != nil {
+			continue
+		}
+		for _, f := range o.Spec.JobCompletions {
+			if f.JobID == job.id && f.Version > job.version && f.Version > newest {
+				newest = f.Version
+			}
+		}
+	}
+	return newest, nil
+}
+
 // supersededOutcome is the outcome of a settlement asked for by an older completion of
 // its job.
 func supersededOutcome(op hooksv1alpha1.OperationStatus, job jobReport, current int64) hooksv1alpha1.OperationStatus {
@@ -709,6 +736,14 @@ func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alph
 			return op, nerr
 		}
 		if newer {
+			return supersededOutcome(op, job, current), nil
+		}
+		// A newer completion received before this one but not dispatched yet (several
+		// workers, or a queue that hands this event over first) is the job's charge
+		// too: this one must not make it first.
+		if current, nerr = r.newerReceived(ctx, ev, job); nerr != nil {
+			return op, nerr
+		} else if current > 0 {
 			return supersededOutcome(op, job, current), nil
 		}
 		err = r.Create(ctx, want)
