@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"fmt"
+	"net/http"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -168,6 +169,34 @@ var _ = Describe("a Stripe billing provider (issue 15)", func() {
 		bs := settlementOf(ns, "job-dated")
 		Expect(fake.MeterEvents()).To(ContainElement(SatisfyAll(HaveField("Identifier", bs.Spec.IdempotencyKey),
 			HaveField("Timestamp", BeNumerically(">=", sent)))), "no timestamp sent: Stripe dates it at receipt")
+	})
+
+	It("reports an invoice item Stripe no longer lists and cannot find among 1,000 newer ones for review", func() {
+		// The lookup cannot answer (not Unreadable): a finding, never a confirmation.
+		ns := stripeTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{
+				Interval: &metav1.Duration{Duration: 2 * time.Second}, StuckAfter: &metav1.Duration{Duration: time.Hour}}
+		})
+		sendOK(ns, "msg_stripe_gone", invoice("cus_gone", 500))
+		Eventually(stateOf(line(ns))).Should(Equal(hooksv1alpha1.SettlementSettled))
+		charged := get(line(ns))
+		// Deleted in the dashboard, and the customer has 1,000 newer items since.
+		Expect(fake.DeleteInvoiceItem(charged.Status.ProviderRef)).To(BeTrue())
+		fake.AddInvoiceItems("cus_gone", 1000)
+		d := finding(ns, hooksv1alpha1.DiscrepancyLocalSettledProviderUnknown, func(d hooksv1alpha1.Discrepancy) bool {
+			return d.Object == "BillingSettlement/"+charged.Name
+		})
+		Expect(d.Action).To(Equal(hooksv1alpha1.RepairManualReview))
+		Expect(d.Message).To(SatisfyAll(ContainSubstring("could not be asked"), ContainSubstring(charged.Spec.IdempotencyKey),
+			ContainSubstring("search the Stripe dashboard")))
+		Expect(fake.Charges(charged.Spec.IdempotencyKey)).To(BeZero(), "nothing was sent again")
+		posts := 0
+		for _, r := range fake.Requests() {
+			if r.Method == http.MethodPost && r.Path == "/v1/invoiceitems" {
+				posts++
+			}
+		}
+		Expect(posts).To(Equal(1), "the pass only reads")
 	})
 
 	It("refuses a usage charge for a meter Stripe has no mapping for, sending nothing", func() {

@@ -283,6 +283,32 @@ func (s *Server) InvalidateMeterEvent(identifier string) bool {
 	return false
 }
 
+// AddInvoiceItems creates n invoice items of customer that are not the operator's (no
+// settlement metadata), as the dashboard or another system would, dated now.
+func (s *Server) AddInvoiceItems(customer string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.nextID++
+		s.items = append(s.items, &InvoiceItem{ID: fmt.Sprintf("ii_fake%06d", s.nextID), Customer: customer, Currency: "usd",
+			Amount: 100, Metadata: map[string]string{}, Created: s.opts.Now()})
+	}
+}
+
+// DeleteInvoiceItem deletes an item as someone in the dashboard would; false when
+// there is no such item or it is invoiced.
+func (s *Server) DeleteInvoiceItem(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, it := range s.items {
+		if it.ID == id && !it.Deleted && it.Invoice == "" {
+			it.Deleted = true
+			return true
+		}
+	}
+	return false
+}
+
 // InvoiceItems returns a copy of the invoice item ledger, deleted ones included.
 func (s *Server) InvoiceItems() []InvoiceItem {
 	s.mu.Lock()
