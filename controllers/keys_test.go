@@ -12,8 +12,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/controllers"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/test/sender"
 )
@@ -55,21 +57,45 @@ func probeSettlement(ns, quantity string) *hooksv1alpha1.BillingSettlement {
 // change (it loads policies asynchronously).
 func refuseSettlements(ns, quantity string) (lift func()) {
 	GinkgoHelper()
-	name := fmt.Sprintf("refuse-%s-%s", ns, quantity)
+	return refuse(ns, fmt.Sprintf("refuse-%s-%s", ns, quantity), "billingsettlements",
+		[]admissionv1.OperationType{admissionv1.Create},
+		fmt.Sprintf("!has(object.spec.usage) || object.spec.usage.quantity != %q", quantity),
+		"refused by the test: the create of this settlement fails",
+		func() client.Object { return probeSettlement(ns, quantity) })
+}
+
+// refuseJobVersion makes the API server refuse, in ns, any JobCompletion create or
+// update to the given completion version (as a failing write would), until lift.
+func refuseJobVersion(ns string, version int64) (lift func()) {
+	GinkgoHelper()
+	return refuse(ns, fmt.Sprintf("refuse-job-%s-%d", ns, version), "jobcompletions",
+		[]admissionv1.OperationType{admissionv1.Create, admissionv1.Update},
+		fmt.Sprintf("object.spec.completion.version != %d", version),
+		"refused by the test: this job version cannot be written",
+		func() client.Object {
+			return &hooksv1alpha1.JobCompletion{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "probe-job"},
+				Spec: hooksv1alpha1.JobCompletionSpec{Provider: "inference", JobID: "probe",
+					Completion: hooksv1alpha1.Completion{Version: version, State: hooksv1alpha1.JobSucceeded, SourceEvent: "probe"}}}
+		})
+}
+
+// refuse binds a ValidatingAdmissionPolicy to ns that denies ops on resource unless
+// expression holds, and waits until a dry-run create of probe() is refused; lift
+// removes it and waits until the probe is accepted again.
+func refuse(ns, name, resource string, ops []admissionv1.OperationType, expression, message string,
+	probe func() client.Object) (lift func()) {
+	GinkgoHelper()
 	policy := &admissionv1.ValidatingAdmissionPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: admissionv1.ValidatingAdmissionPolicySpec{
 			FailurePolicy: ptr.To(admissionv1.Fail),
 			MatchConstraints: &admissionv1.MatchResources{ResourceRules: []admissionv1.NamedRuleWithOperations{{
 				RuleWithOperations: admissionv1.RuleWithOperations{
-					Operations: []admissionv1.OperationType{admissionv1.Create},
+					Operations: ops,
 					Rule: admissionv1.Rule{APIGroups: []string{hooksv1alpha1.GroupVersion.Group},
-						APIVersions: []string{hooksv1alpha1.GroupVersion.Version}, Resources: []string{"billingsettlements"}},
+						APIVersions: []string{hooksv1alpha1.GroupVersion.Version}, Resources: []string{resource}},
 				}}}},
-			Validations: []admissionv1.Validation{{
-				Expression: fmt.Sprintf("!has(object.spec.usage) || object.spec.usage.quantity != %q", quantity),
-				Message:    "refused by the test: the create of this settlement fails",
-			}},
+			Validations: []admissionv1.Validation{{Expression: expression, Message: message}},
 		},
 	}
 	binding := &admissionv1.ValidatingAdmissionPolicyBinding{
@@ -82,7 +108,7 @@ func refuseSettlements(ns, quantity string) (lift func()) {
 	Expect(k8s.Create(ctx, policy)).To(Succeed())
 	Expect(k8s.Create(ctx, binding)).To(Succeed())
 	refused := func() bool {
-		err := k8s.Create(ctx, probeSettlement(ns, quantity), client.DryRunAll)
+		err := k8s.Create(ctx, probe(), client.DryRunAll)
 		Expect(err == nil || apierrors.IsInvalid(err) || apierrors.IsForbidden(err)).To(BeTrue(), "dry run: %v", err)
 		return err != nil
 	}
@@ -228,42 +254,96 @@ var _ = Describe("keys (issue 10)", func() {
 			Eventually(eventPhase(ns, "msg_race_v1")).Should(Equal(hooksv1alpha1.EventComplete))
 		})
 
-		It("never lets a completion received after a newer one create the charge, whatever order they are worked on", func() {
-			// Both are received before either is worked on, and v1 is worked on first: the
-			// e2e failed so on a fresh clone (v2 acknowledged, then v1, then both picked up
-			// by two workers): v1 created the charge with its usage and v2's became a
-			// Conflict for a human, although v2 had been received first.
-			ns := newTenant()
-			v2 := "msg_order_v2"
-			v1 := ""
-			for i := 0; v1 == ""; i++ {
-				// The controller gets the events in name order when it starts: v1's first.
-				if id := fmt.Sprintf("msg_order_v1_%d", i); identity.EventName(ns, "inference", id) < identity.EventName(ns, "inference", v2) {
-					v1 = id
-				}
-			}
+		// receivedTogether stores v2 then v1 of job with the event controller off (as when
+		// both arrive within one reconcile of each other and the leader's workers pick them
+		// up together: the e2e failed so on a fresh clone, v1 charged with its usage and
+		// v2's settlement a Conflict although v2 was received first), then works on v1
+		// first with the controller's own reconciler. It returns that reconciler; the
+		// manager runs without the event controller until restart is called.
+		receivedTogether := func(ns, job string) (rec *controllers.WebhookEventReconciler, restart func()) {
+			GinkgoHelper()
 			mgr.stop()
 			mgr = startManager(managerOptions{noEventController: true})
 			restored := false
-			DeferCleanup(func() {
+			restart = func() {
 				if !restored {
 					mgr.stop()
-					mgr = startManager()
+					mgr, restored = startManager(), true
 				}
-			})
-			sendOK(ns, v2, jobEvent("job-order", 2, 20))
-			sendOK(ns, v1, jobEvent("job-order", 1, 10))
-			mgr.stop()
-			mgr, restored = startManager(), true
+			}
+			DeferCleanup(restart)
+			sendOK(ns, "msg_"+job+"_v2", jobEvent(job, 2, 20))
+			sendOK(ns, "msg_"+job+"_v1", jobEvent(job, 1, 10))
+			Eventually(func() int {
+				var l hooksv1alpha1.WebhookEventList
+				Expect(mgr.m.GetClient().List(ctx, &l, client.InNamespace(ns))).To(Succeed())
+				return len(l.Items)
+			}).Should(Equal(2), "both are in the manager's cache")
+			rec = &controllers.WebhookEventReconciler{Client: mgr.m.GetClient(), APIReader: mgr.m.GetAPIReader(),
+				Recorder: mgr.m.GetEventRecorder("webhookevent")}
+			res, err := rec.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(event(ns, "msg_"+job+"_v1"))})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(res.RequeueAfter).To(BeNumerically(">", 0), "it looks again even if nothing it watches changes")
+			op := settlementOp(ns, "msg_"+job+"_v1")()
+			Expect(op.Outcome).To(Equal(hooksv1alpha1.OutcomePending))
+			Expect(op.Message).To(ContainSubstring(fmt.Sprintf("version 2 of job %q was received in %s", job, event(ns, "msg_"+job+"_v2").Name)))
+			Expect(settlementState(ns, job)()).To(BeEmpty(), "v1 makes no charge while v2 waits")
+			return rec, restart
+		}
 
-			Eventually(eventPhase(ns, v2)).Should(Equal(hooksv1alpha1.EventComplete))
-			Eventually(eventPhase(ns, v1)).Should(Equal(hooksv1alpha1.EventComplete))
-			Eventually(settlementOp(ns, v1)).Should(WithTransform(outcome, Equal(hooksv1alpha1.OutcomeSuperseded)))
+		It("never lets a completion received after a newer one create the charge, whatever order they are worked on", func() {
+			ns := newTenant()
+			_, restart := receivedTogether(ns, "job-order")
+			restart() // the event controller works on v2, then v1 again
+			Eventually(eventPhase(ns, "msg_job-order_v2")).Should(Equal(hooksv1alpha1.EventComplete))
+			Eventually(settlementOp(ns, "msg_job-order_v1")).Should(WithTransform(outcome, Equal(hooksv1alpha1.OutcomeSuperseded)))
+			Eventually(eventPhase(ns, "msg_job-order_v1")).Should(Equal(hooksv1alpha1.EventComplete))
 			Eventually(settlementState(ns, "job-order")).Should(Equal(hooksv1alpha1.SettlementSettled))
 			bs := settlementOf(ns, "job-order")
-			Expect(bs.Spec.SourceEvent).To(Equal(event(ns, v2).Name))
+			Expect(bs.Spec.SourceEvent).To(Equal(event(ns, "msg_job-order_v2").Name))
 			Expect(usageCharged(bs.Spec.SettlementKey)).To(Equal([]string{"20"}), "charged once, with v2's usage")
 			Expect(jobOf(ns, "job-order").Spec.Completion.Version).To(Equal(int64(2)))
+		})
+
+		It("keeps the older completion waiting while the newer one's proposal to the job fails", func() {
+			ns := newTenant()
+			rec, restart := receivedTogether(ns, "job-stuck") // v1 made the JobCompletion (v1) and waits
+			lift := refuseJobVersion(ns, 2)
+			key := func(id string) reconcile.Request {
+				return reconcile.Request{NamespacedName: client.ObjectKeyFromObject(event(ns, id))}
+			}
+			_, err := rec.Reconcile(ctx, key("msg_job-stuck_v2"))
+			Expect(err).To(HaveOccurred(), "v2's proposal of version 2 is refused")
+			Expect(event(ns, "msg_job-stuck_v2").Status.Operations).NotTo(BeEmpty(), "v2's attempt is recorded, undecided")
+			_, err = rec.Reconcile(ctx, key("msg_job-stuck_v1"))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(settlementOp(ns, "msg_job-stuck_v1")().Outcome).To(Equal(hooksv1alpha1.OutcomePending),
+				"an event that tried and failed to propose its version is not dispatched")
+			Expect(settlementState(ns, "job-stuck")()).To(BeEmpty())
+			lift()
+			restart()
+			Eventually(settlementState(ns, "job-stuck")).Should(Equal(hooksv1alpha1.SettlementSettled))
+			Expect(usageCharged(settlementOf(ns, "job-stuck").Spec.SettlementKey)).To(Equal([]string{"20"}))
+			Eventually(settlementOp(ns, "msg_job-stuck_v1")).Should(WithTransform(outcome, Equal(hooksv1alpha1.OutcomeSuperseded)))
+		})
+
+		It("lets the older completion charge after all when the newer one is deleted before it was dispatched", func() {
+			ns := newTenant()
+			rec, restart := receivedTogether(ns, "job-gone")
+			Expect(k8s.Delete(ctx, event(ns, "msg_job-gone_v2"))).To(Succeed())
+			Eventually(func() int {
+				var l hooksv1alpha1.WebhookEventList
+				Expect(mgr.m.GetClient().List(ctx, &l, client.InNamespace(ns))).To(Succeed())
+				return len(l.Items)
+			}).Should(Equal(1))
+			_, err := rec.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(event(ns, "msg_job-gone_v1"))})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(settlementOp(ns, "msg_job-gone_v1")().Outcome).To(Equal(hooksv1alpha1.OutcomeCreated),
+				"with v2 gone, v1's own reconcile makes the charge")
+			restart()
+			Eventually(settlementState(ns, "job-gone")).Should(Equal(hooksv1alpha1.SettlementSettled))
+			Expect(usageCharged(settlementOf(ns, "job-gone").Spec.SettlementKey)).To(Equal([]string{"10"}), "v1 is the job's only report now")
+			Eventually(eventPhase(ns, "msg_job-gone_v1")).Should(Equal(hooksv1alpha1.EventComplete))
 		})
 
 		It("supersedes, not conflicts, an older completion whose charge was still pending when a newer one was charged", func() {

@@ -98,6 +98,7 @@ type runningManager struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
 	baseURL string
+	m       ctrl.Manager
 }
 
 // managerOptions vary a manager from the default (no archive).
@@ -134,6 +135,8 @@ func startManager(opts ...managerOptions) *runningManager {
 		Expect((&controllers.WebhookEventReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 			Recorder: m.GetEventRecorder("webhookevent"), Archive: o.store,
 			StatusDelay: controllers.DefaultEventStatusDelay}).SetupWithManager(m)).To(Succeed())
+	} else {
+		Expect(controllers.IndexEvents(m)).To(Succeed()) // for a spec's own reconciler
 	}
 	// Secrets are not watched: a fixed opt-in is seen at the next recheck, 1s here.
 	Expect((&controllers.JobCompletionReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
@@ -162,7 +165,7 @@ func startManager(opts ...managerOptions) *runningManager {
 	Expect(m.Add(recv)).To(Succeed())
 
 	mctx, mcancel := context.WithCancel(ctx)
-	rm := &runningManager{cancel: mcancel, done: make(chan struct{})}
+	rm := &runningManager{cancel: mcancel, done: make(chan struct{}), m: m}
 	go func() {
 		defer GinkgoRecover()
 		defer close(rm.done)

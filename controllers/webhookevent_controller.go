@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -132,6 +133,9 @@ func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 	if wres, perr := r.writeStatus(ctx, &ev, before); perr != nil || !wres.IsZero() {
 		return wres, perr
+	}
+	if err == nil && waitsForNewer(&ev) && (res.RequeueAfter == 0 || res.RequeueAfter > newerWaitRetry) {
+		res.RequeueAfter = newerWaitRetry
 	}
 	return res, err
 }
@@ -643,31 +647,64 @@ func (r *WebhookEventReconciler) newerCompletion(ctx context.Context, ev *hooksv
 	return current, current > job.version, nil
 }
 
-// newerReceived is the highest version of job that another received event reports,
-// when it is newer than this event's (0 otherwise). It reads the cache, which holds
-// every event received before this one was: the watch delivers them in order.
-func (r *WebhookEventReconciler) newerReceived(ctx context.Context, ev *hooksv1alpha1.WebhookEvent, job jobReport) (int64, error) {
+// waitingForNewer begins the message of a job's settlement operation that waits for a
+// newer completion of the job to be dispatched.
+const waitingForNewer = "waiting: "
+
+// newerWaitRetry is how soon an event waiting for a newer completion to be dispatched
+// looks again even if nothing it watches changes (the newer event may be deleted, or
+// removed as a duplicate of an archived receipt, without ever touching the job).
+const newerWaitRetry = 30 * time.Second
+
+// newerReceived is the highest version of job that another event reports whose
+// completion of the job has not been decided yet (its operation for the job is missing
+// or not final: not dispatched, or its proposal failed and is retried), when it is newer
+// than this event's, and that event's name (0 otherwise). An event whose operation is
+// decided has proposed its version to the JobCompletion (or been superseded, or
+// conflicts), which newerCompletion reads. It reads the cache: an event acknowledged
+// before this one was received is in it, as one watch delivers creates in order.
+func (r *WebhookEventReconciler) newerReceived(ctx context.Context, ev *hooksv1alpha1.WebhookEvent, job jobReport) (int64, string, error) {
 	if !job.reported || job.id == "" {
-		return 0, nil
+		return 0, "", nil
 	}
 	var l hooksv1alpha1.WebhookEventList
 	if err := r.List(ctx, &l, client.InNamespace(ev.Namespace),
 		client.MatchingFields{IndexEventChildren: identity.JobCompletionName(ev.Spec.Provider, job.id)}); err != nil {
-		return 0, fmt.Errorf("list events of job %q: %w", job.id, err)
+		return 0, "", fmt.Errorf("list events of job %q: %w", job.id, err)
 	}
 	var newest int64
+	var by string
 	for i := range l.Items {
 		o := &l.Items[i]
-		if o.Name == ev.Name || o.Spec.Provider != ev.Spec.Provider || o.Spec.Quarantine != nil {
+		if o.Name == ev.Name || o.Spec.Provider != ev.Spec.Provider || o.Spec.Quarantine != nil || o.DeletionTimestamp != nil {
+			continue
+		}
+		decided := false
+		for _, op := range o.Status.Operations {
+			if op.Type == hooksv1alpha1.OperationJobCompletion && op.Key == job.id && final(op.Outcome) {
+				decided = true
+			}
+		}
+		if decided {
 			continue
 		}
 		for _, f := range o.Spec.JobCompletions {
 			if f.JobID == job.id && f.Version > job.version && f.Version > newest {
-				newest = f.Version
+				newest, by = f.Version, o.Name
 			}
 		}
 	}
-	return newest, nil
+	return newest, by, nil
+}
+
+// waitsForNewer says whether an operation of ev waits for a newer completion of its job.
+func waitsForNewer(ev *hooksv1alpha1.WebhookEvent) bool {
+	for _, op := range ev.Status.Operations {
+		if op.Outcome == hooksv1alpha1.OutcomePending && strings.HasPrefix(op.Message, waitingForNewer) {
+			return true
+		}
+	}
+	return false
 }
 
 // supersededOutcome is the outcome of a settlement asked for by an older completion of
@@ -731,6 +768,18 @@ func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alph
 		if job.superseded {
 			return supersededOutcome(op, job, 0), nil
 		}
+		// A newer completion received before this one but whose version has not reached
+		// the JobCompletion yet (several workers, or a queue that hands this event over
+		// first) decides the job's charge: this one waits for it rather than making the
+		// charge first. Not for good: once that version reaches the JobCompletion this one
+		// is superseded, and if it never does (the event deleted, or removed as a
+		// duplicate of an archived receipt) this one goes on. The events are listed
+		// before the JobCompletion is read, so a newer event that proposes its version in
+		// between is seen by one or the other.
+		waitFor, by, nerr := r.newerReceived(ctx, ev, job)
+		if nerr != nil {
+			return op, nerr
+		}
 		current, newer, nerr := r.newerCompletion(ctx, ev, job)
 		if nerr != nil {
 			return op, nerr
@@ -738,13 +787,11 @@ func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alph
 		if newer {
 			return supersededOutcome(op, job, current), nil
 		}
-		// A newer completion received before this one but not dispatched yet (several
-		// workers, or a queue that hands this event over first) is the job's charge
-		// too: this one must not make it first.
-		if current, nerr = r.newerReceived(ctx, ev, job); nerr != nil {
-			return op, nerr
-		} else if current > 0 {
-			return supersededOutcome(op, job, current), nil
+		if waitFor > 0 {
+			op.Outcome = hooksv1alpha1.OutcomePending
+			op.Message = fmt.Sprintf("%sversion %d of job %q was received in %s and has not reached the job's record yet; the job's charge follows its newest completion",
+				waitingForNewer, waitFor, job.id, by)
+			return op, nil
 		}
 		err = r.Create(ctx, want)
 		if err == nil {
@@ -1006,6 +1053,16 @@ func eventChildren(obj client.Object) []string {
 	return names
 }
 
+// IndexEvents registers the WebhookEvent index the controller reads (IndexEventChildren);
+// SetupWithManager calls it.
+func IndexEvents(mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &hooksv1alpha1.WebhookEvent{},
+		IndexEventChildren, eventChildren); err != nil {
+		return fmt.Errorf("index webhookevents by child: %w", err)
+	}
+	return nil
+}
+
 // eventsOfChild maps a changed child to the events that dispatched it.
 func (r *WebhookEventReconciler) eventsOfChild(ctx context.Context, obj client.Object) []reconcile.Request {
 	var l hooksv1alpha1.WebhookEventList
@@ -1128,9 +1185,8 @@ func notOnlyStatus() predicate.Funcs {
 
 // SetupWithManager registers the controller and its index.
 func (r *WebhookEventReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &hooksv1alpha1.WebhookEvent{},
-		IndexEventChildren, eventChildren); err != nil {
-		return fmt.Errorf("index webhookevents by child: %w", err)
+	if err := IndexEvents(mgr); err != nil {
+		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(WebhookEventControllerName).
