@@ -74,8 +74,8 @@ type BillingProviderReconciler struct {
 	// MaxListPages caps one pass's walk of the provider's list endpoint (50 pages).
 	MaxListPages int
 	// UsageTotalsLag is how far behind the pass a usage-totals window ends (1h: Stripe
-	// aggregates meter events asynchronously); tests set it below zero to compare up to
-	// now. UsageClockSkew widens each settlement's span at the provider (1m).
+	// aggregates meter events asynchronously; the tests' fakes do not, 1s there).
+	// UsageClockSkew widens each settlement's span at the provider (1m).
 	UsageTotalsLag, UsageClockSkew time.Duration
 
 	clients providerClients

@@ -163,9 +163,6 @@ type UsageTotaler interface {
 // UsageTotalsOf returns c's UsageTotaler, under any wrappers; ok is false when its
 // provider lists every record instead.
 func UsageTotalsOf(c Client) (UsageTotaler, bool) {
-	if t, ok := c.(UsageTotaler); ok {
-		return t, true
-	}
 	t, ok := Unwrap(c).(UsageTotaler)
 	return t, ok
 }
