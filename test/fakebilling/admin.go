@@ -112,8 +112,11 @@ func (s *Server) handleAdminFaults(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]int{"pending_faults": pending})
 		return
 	}
-	// Answer first, then go down: the reply has a Content-Length and is flushed, and
-	// the client is told not to reuse the connection that is about to be dropped.
+	// Stop accepting, answer, then go down: a client that has the reply is refused at
+	// once (closing the listener after the reply let a quick dial in, or reset it from
+	// the backlog). The reply has a Content-Length and is flushed, and the client is
+	// told not to reuse the connection that is about to be dropped.
+	s.stopAccepting()
 	w.Header().Set("Connection", "close")
 	writeJSON(w, http.StatusOK, map[string]int{"pending_faults": pending, "down_for_ms": f.DownForMS})
 	if fl, ok := w.(http.Flusher); ok {

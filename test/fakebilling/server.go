@@ -92,6 +92,7 @@ type Server struct {
 	netMu   sync.Mutex // guards the listener lifecycle below
 	addr    string     // resolved host:port, reused when coming back up
 	httpSrv *http.Server
+	ln      *onceCloseListener // httpSrv's listener, so it can stop accepting first
 	down    bool
 	downGen int // bumps on every SetDown, so a stale down_for_ms timer does nothing
 	closed  bool
@@ -167,6 +168,8 @@ func (s *Server) Close() error {
 func (s *Server) serveLocked(ln net.Listener) {
 	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
 	s.httpSrv = srv
+	s.ln = &onceCloseListener{Listener: ln}
+	ln = s.ln
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -206,6 +209,28 @@ func (s *Server) setDownLocked(down bool) error {
 	s.serveLocked(ln)
 	s.down = false
 	return nil
+}
+
+// stopAccepting closes the listener and leaves open connections alone, so a reply
+// still being written reaches its client while a new dial is refused.
+func (s *Server) stopAccepting() {
+	s.netMu.Lock()
+	defer s.netMu.Unlock()
+	if s.ln != nil {
+		_ = s.ln.Close()
+	}
+}
+
+// onceCloseListener lets stopAccepting and http.Server.Close both close the listener.
+type onceCloseListener struct {
+	net.Listener
+	once sync.Once
+	err  error
+}
+
+func (l *onceCloseListener) Close() error {
+	l.once.Do(func() { l.err = l.Listener.Close() })
+	return l.err
 }
 
 // downFor goes down now and comes back after d, unless SetDown or Close intervened.
