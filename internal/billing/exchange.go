@@ -72,14 +72,24 @@ func Do(hc *http.Client, req *http.Request, mutating bool) (Response, error) {
 
 // send makes one exchange and classifies its failure as Do describes.
 func send(req *http.Request, mutating bool, do func(*http.Request) (*http.Response, error)) (*http.Response, error) {
-	// GetConn fires when the transport starts looking for a connection and GotConn when
-	// it has one, before a single byte of the request is written. Both only fire for
-	// transports that support httptrace (net/http's do); for others we fall back to
-	// recognising dial errors.
-	var askedConn, gotConn atomic.Bool
+	// The proof that a request was not received is that no attempt finished writing it:
+	// WroteRequest fires once per attempt, with an error when the write failed, and a
+	// server cannot act on a request it did not read whole. One exchange may be several
+	// attempts: net/http sends a request that carries an Idempotency-Key again by
+	// itself, on a new connection, when a reused one closes without a reply — so a
+	// refused dial at the end proves nothing about the first attempt, which the
+	// provider may have read and committed (the envtest of a provider re-pointed while
+	// money may be at the first found exactly that). GetConn fires only for transports
+	// that support httptrace (net/http's); for others we fall back to recognising dial
+	// errors.
+	var askedConn, wrote atomic.Bool
 	trace := &httptrace.ClientTrace{
 		GetConn: func(string) { askedConn.Store(true) },
-		GotConn: func(httptrace.GotConnInfo) { gotConn.Store(true) },
+		WroteRequest: func(i httptrace.WroteRequestInfo) {
+			if i.Err == nil {
+				wrote.Store(true)
+			}
+		},
 	}
 	if err := req.Context().Err(); err != nil {
 		// Already cancelled or past its deadline: nothing will be sent.
@@ -87,8 +97,8 @@ func send(req *http.Request, mutating bool, do func(*http.Request) (*http.Respon
 	}
 	resp, err := do(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
 	if err != nil {
-		neverConnected := askedConn.Load() && !gotConn.Load()
-		return nil, transportError(err, neverConnected, mutating)
+		notSent := askedConn.Load() && !wrote.Load() || !askedConn.Load() && isDialError(err)
+		return nil, transportError(err, notSent, mutating)
 	}
 	return resp, nil
 }
@@ -110,8 +120,9 @@ func (t *ClassifyingTransport) RoundTrip(req *http.Request) (*http.Response, err
 	return send(req, req.Method != http.MethodGet, base.RoundTrip)
 }
 
-// transportError classifies a failure where no complete reply arrived.
-func transportError(err error, neverConnected, mutating bool) *Error {
+// transportError classifies a failure where no complete reply arrived; notSent is the
+// proof that the request never reached the provider.
+func transportError(err error, notSent, mutating bool) *Error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		// url.Error repeats the method and URL; our callers add their own context.
@@ -119,7 +130,7 @@ func transportError(err error, neverConnected, mutating bool) *Error {
 	}
 	e := &Error{Code: networkCode(err), Err: err}
 	switch {
-	case neverConnected || isDialError(err):
+	case notSent:
 		e.Class = Transient
 		e.Message = "the request never reached the provider"
 	case mutating:

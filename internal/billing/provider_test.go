@@ -3,7 +3,11 @@ package billing_test
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
+	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -255,6 +259,10 @@ func TestProviderDown(t *testing.T) {
 	if err := fake.SetDown(true); err != nil {
 		t.Fatal(err)
 	}
+	// Give the client a moment to see the dropped idle connection: a request written
+	// into it before then could have been read, as far as the client can tell, and is
+	// rightly ambiguous (TestCrashAfterReadingIsAmbiguous).
+	time.Sleep(100 * time.Millisecond)
 	_, err := c.Submit(ctx, req)
 	wantError(t, err, billing.Transient, "connection_refused")
 	_, _, err = c.Lookup(ctx, req.IdempotencyKey)
@@ -391,5 +399,51 @@ func TestErrorsUnwrap(t *testing.T) {
 	_, err := c.Submit(context.Background(), chargeRequest(1))
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("errors.Is(%v, DeadlineExceeded) = false; the cause must stay reachable", err)
+	}
+}
+
+// TestCrashAfterReadingIsAmbiguous: a provider that reads a whole charge on a kept-alive
+// connection and goes away without answering may have committed it. Go's transport
+// then sends a request carrying an Idempotency-Key again on a new connection by itself,
+// and that dial is refused — which once made the whole exchange "never reached the
+// provider" (Transient), so the charge could be sent elsewhere or past the key window.
+// Found by the envtest "holds a settlement whose provider now points elsewhere".
+func TestCrashAfterReadingIsAmbiguous(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var received atomic.Int32
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = w.Write([]byte(`{"error":{"code":"not_found","message":"no settlement under this key"}}`))
+			return
+		}
+		if _, err := io.ReadAll(r.Body); err != nil {
+			t.Errorf("read the charge: %v", err)
+		}
+		received.Add(1)
+		_ = ln.Close() // down: every new connection is refused
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			_ = conn.Close() // and the reply never comes
+		}
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	c := newClient(t, "http://"+ln.Addr().String(), 2*time.Second)
+	req := chargeRequest(9)
+	if _, found, err := c.Lookup(context.Background(), req.IdempotencyKey); err != nil || found {
+		t.Fatalf("lookup: found %v, %v", found, err) // leaves a kept-alive connection
+	}
+	_, err = c.Submit(context.Background(), req)
+	if received.Load() != 1 {
+		t.Fatalf("the provider read %d charges, want 1", received.Load())
+	}
+	if e, ok := billing.AsError(err); !ok || e.Class != billing.Ambiguous {
+		t.Fatalf("got %v, want an ambiguous error: the provider read the charge", err)
 	}
 }
