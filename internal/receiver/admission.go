@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/settlement-operator/settlement-operator/internal/keyedsem"
 )
 
 // Limits a delivery can hit, answered 429 with the limit named in the error code and in
@@ -34,17 +36,11 @@ const (
 type tenantSlots struct {
 	perNamespace, perProvider int
 
-	mu   sync.Mutex
-	sems map[string]*semaphore
-}
-
-type semaphore struct {
-	slots chan struct{}
-	users int // deliveries holding or waiting for a slot
+	sems keyedsem.Set
 }
 
 func newTenantSlots(perNamespace, perProvider int) *tenantSlots {
-	return &tenantSlots{perNamespace: perNamespace, perProvider: perProvider, sems: map[string]*semaphore{}}
+	return &tenantSlots{perNamespace: perNamespace, perProvider: perProvider}
 }
 
 // enter takes a slot of the provider (namespace + "/" + name) and then of its
@@ -74,34 +70,7 @@ func (t *tenantSlots) enter(ctx context.Context, namespace, provider string, wai
 }
 
 func (t *tenantSlots) acquire(ctx context.Context, expired <-chan time.Time, key string, size int) (func(), bool) {
-	t.mu.Lock()
-	s := t.sems[key]
-	if s == nil {
-		s = &semaphore{slots: make(chan struct{}, size)}
-		t.sems[key] = s
-	}
-	s.users++
-	t.mu.Unlock()
-	done := func() {
-		t.mu.Lock()
-		if s.users--; s.users == 0 {
-			delete(t.sems, key)
-		}
-		t.mu.Unlock()
-	}
-	select {
-	case s.slots <- struct{}{}:
-		return func() { <-s.slots; done() }, true
-	default:
-	}
-	select {
-	case s.slots <- struct{}{}:
-		return func() { <-s.slots; done() }, true
-	case <-expired:
-	case <-ctx.Done():
-	}
-	done()
-	return nil, false
+	return t.sems.Acquire(ctx, expired, key, size)
 }
 
 // acquireGlobal takes one of the replica's slots, waiting as enter does.
