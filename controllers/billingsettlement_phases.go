@@ -21,6 +21,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/keyedsem"
 )
 
 // The phases of a settlement reconcile, in the order Reconcile runs them. Each reads
@@ -285,19 +286,25 @@ func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *se
 }
 
 // reversedKey is the settlement key of the settlement a Refund or Void reverses, and
-// the provider's reference of it ("" for a charge, or when the original is gone).
+// the provider's reference of it: the one pinned when the compensation was first sent
+// (status.reversesRef), else the original's ("" for a charge, or when the original is
+// gone).
 func reversedKey(ctx context.Context, reader client.Reader, store *archive.Store, bs *hooksv1alpha1.BillingSettlement) (key, ref string, _ error) {
 	if bs.Spec.Reverses == "" {
 		return "", "", nil
 	}
 	orig, _, err := settlementInClusterOrArchive(ctx, reader, store, bs.Namespace, bs.Spec.Reverses)
 	if apierrors.IsNotFound(err) {
-		return "", "", nil
+		return "", bs.Status.ReversesRef, nil
 	}
 	if err != nil {
 		return "", "", fmt.Errorf("get reversed settlement %s: %w", bs.Spec.Reverses, err)
 	}
-	return orig.Spec.SettlementKey, orig.Status.ProviderRef, nil
+	ref = orig.Status.ProviderRef
+	if bs.Status.ReversesRef != "" {
+		ref = bs.Status.ReversesRef
+	}
+	return orig.Spec.SettlementKey, ref, nil
 }
 
 // resolveProviderIfHeld resolves the provider for a settlement being deleted only if
@@ -333,9 +340,12 @@ func targetOf(bp *hooksv1alpha1.BillingProvider) hooksv1alpha1.ProviderTarget {
 // guardCompensation holds a Refund or Void, before every submission of it (the first, and
 // any after a retry or a replay), while sending it
 // could move money wrongly: the original must exist, be for the same customer and
-// currency, and be Settled (Refund) or sent but not settled (Void); refunds of one
-// original never add up to more than it charged. Two refunds created at once see each
-// other (a live list), so neither can slip past the total.
+// currency, and be Settled (Refund) or sent but not settled (Void) — or, for a Void,
+// settled at a provider that can still cancel it (billing.VoidsSettled), for the whole
+// of it; refunds of one original never add up to more than it charged, and a Void is
+// never sent beside another compensation of the same charge that may have moved money.
+// Two compensations created at once see each other (a live list, under the charge's
+// lock: guardAndSubmit), so neither can slip past the total or the Void's exclusivity.
 func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
 	bs := s.bs
 	if bs.Spec.Type != hooksv1alpha1.SettlementRefund && bs.Spec.Type != hooksv1alpha1.SettlementVoid {
@@ -353,39 +363,39 @@ func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *
 		return ctrl.Result{}, fmt.Errorf("get reversed settlement %s: %w", bs.Spec.Reverses, err)
 	}
 	orig := *origp
-	if why := compensationRefusal(bs, &orig); why != "" {
+	if why := compensationRefusal(bs, &orig, s.client != nil && billing.VoidsSettled(s.client)); why != "" {
+		return r.holdCompensation(s, why)
+	}
+	pinned := bs.Status.ReversesRef
+	if pinned != "" && orig.Status.ProviderRef != "" && pinned != orig.Status.ProviderRef {
+		return r.holdCompensation(s, fmt.Sprintf("%s now has provider reference %q, not %q as when this %s was first sent: "+
+			"compare both at the provider", orig.Name, orig.Status.ProviderRef, pinned, bs.Spec.Type))
+	}
+	var l hooksv1alpha1.BillingSettlementList
+	if err := r.APIReader.List(ctx, &l, client.InNamespace(bs.Namespace)); err != nil {
+		return ctrl.Result{}, fmt.Errorf("list compensations of %s: %w", orig.Name, err)
+	}
+	if r.Archive != nil {
+		// Compensations already archived count as much as those in the cluster: without
+		// them, a charge could be refunded again once its first refund left.
+		archived, err := r.Archive.Reversing(ctx, bs.Namespace, orig.Name)
+		noteArchive("BillingSettlement", err)
+		if err != nil {
+			return r.holdCompensation(s, "waiting for the archive: earlier compensations of the charge may be there")
+		}
+		l.Items = withArchived(l.Items, archived)
+	}
+	if why := reversalConflict(bs, &orig, l.Items); why != "" {
 		return r.holdCompensation(s, why)
 	}
 	if bs.Spec.Type == hooksv1alpha1.SettlementRefund {
-		var l hooksv1alpha1.BillingSettlementList
-		if err := r.APIReader.List(ctx, &l, client.InNamespace(bs.Namespace)); err != nil {
-			return ctrl.Result{}, fmt.Errorf("list refunds of %s: %w", orig.Name, err)
-		}
-		if r.Archive != nil {
-			// Refunds already archived count as much as those in the cluster: without
-			// them, a charge could be refunded again once its first refund left.
-			archived, err := r.Archive.Reversing(ctx, bs.Namespace, orig.Name)
-			noteArchive("BillingSettlement", err)
-			if err != nil {
-				return r.holdCompensation(s, "waiting for the archive: earlier refunds of the charge may be there")
-			}
-			inCluster := map[string]bool{}
-			for i := range l.Items {
-				inCluster[l.Items[i].Name] = true
-			}
-			for _, a := range archived {
-				if !inCluster[a.Name] {
-					l.Items = append(l.Items, a)
-				}
-			}
-		}
 		total := bs.Spec.Amount.Minor // this one, as it is about to be sent (a replay is not persisted yet)
 		for i := range l.Items {
 			o := &l.Items[i]
 			if o.Name == bs.Name || o.Spec.Reverses != orig.Name || o.Spec.Type != hooksv1alpha1.SettlementRefund || o.Spec.Amount == nil {
 				continue
 			}
-			if o.Status.State == hooksv1alpha1.SettlementFailed && EffectiveExposure(&o.Status) == hooksv1alpha1.ExposureNone {
+			if movedNothing(o) {
 				continue // refused or failed at the provider: refunded nothing
 			}
 			total += o.Spec.Amount.Minor
@@ -396,11 +406,99 @@ func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *
 		}
 	}
 	s.reverses, s.reversesRef = orig.Spec.SettlementKey, orig.Status.ProviderRef
+	if pinned != "" {
+		s.reversesRef = pinned
+	}
 	return ctrl.Result{}, nil
 }
 
+// movedNothing reports whether a settlement provably moved no money: it failed with
+// nothing possibly at the provider.
+func movedNothing(o *hooksv1alpha1.BillingSettlement) bool {
+	return o.Status.State == hooksv1alpha1.SettlementFailed && EffectiveExposure(&o.Status) == hooksv1alpha1.ExposureNone
+}
+
+// withArchived adds the archived settlements to those listed in the cluster, by UID: a
+// record archived and then created again under its name (an ArchivedDuplicate, which
+// moved nothing) must not hide the archived one, which may have.
+func withArchived(inCluster, archived []hooksv1alpha1.BillingSettlement) []hooksv1alpha1.BillingSettlement {
+	seen := map[types.UID]bool{}
+	for i := range inCluster {
+		seen[inCluster[i].UID] = true
+	}
+	for _, a := range archived {
+		if !seen[a.UID] {
+			inCluster = append(inCluster, a)
+		}
+	}
+	return inCluster
+}
+
+// reversalConflict says why bs may not be sent beside the other compensations of orig
+// ("" when it may): a Void cancels the whole charge, so it goes only while no other
+// compensation of it may have moved money, and a Refund only while no Void of it may
+// have. One held before sending anything (heldUnsent) does not count, so a compensation
+// held by its guard never blocks a good one: the guard and submission of a charge's
+// compensations run one at a time (compensationLocks), and the submission bracket is
+// written before the lock is released, so the next guard sees it.
+func reversalConflict(bs, orig *hooksv1alpha1.BillingSettlement, all []hooksv1alpha1.BillingSettlement) string {
+	for i := range all {
+		o := &all[i]
+		if o.Name == bs.Name || o.Spec.Reverses != orig.Name || movedNothing(o) {
+			continue
+		}
+		if heldUnsent(o) {
+			continue
+		}
+		switch {
+		case bs.Spec.Type == hooksv1alpha1.SettlementVoid:
+			return fmt.Sprintf("%s, a %s of %s, may have moved money: a Void cancels the whole charge, so it is sent only alone",
+				o.Name, o.Spec.Type, orig.Name)
+		case o.Spec.Type == hooksv1alpha1.SettlementVoid:
+			return fmt.Sprintf("%s voids %s, which may have cancelled the whole charge: a Refund of it is not sent", o.Name, orig.Name)
+		}
+	}
+	return ""
+}
+
+// heldUnsent reports whether a compensation is waiting, never having sent anything
+// itself, with nothing found under its key either: held by its own guard, or not yet
+// reconciled. One that found something (a record not provably its own, an unanswerable
+// lookup: RequiresReconciliation, a disagreement, a reference) counts as sent.
+func heldUnsent(o *hooksv1alpha1.BillingSettlement) bool {
+	st := &o.Status
+	return (st.State == "" || st.State == hooksv1alpha1.SettlementPending) && st.FirstSubmittedAt == nil && st.Attempts == 0 &&
+		st.SentTo == nil && st.Disagreement == nil && st.ProviderRef == ""
+}
+
+// compensationLocks serializes the guard and submission of the compensations of one
+// charge within this process — the leader of the namespace's shard, the only one that
+// reconciles them.
+var compensationLocks chargeLocks
+
+// chargeLocks is one lock per charge.
+type chargeLocks struct{ sems keyedsem.Set }
+
+// lock takes bs's charge's lock (none for a charge itself) and returns its release,
+// or ctx's error when ctx ends first (the manager stopping): a worker never waits for
+// good.
+func (k *chargeLocks) lock(ctx context.Context, bs *hooksv1alpha1.BillingSettlement) (func(), error) {
+	if bs.Spec.Reverses == "" {
+		return func() {}, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	unlock, ok := k.sems.Acquire(ctx, nil, bs.Namespace+"/"+bs.Spec.Reverses, 1)
+	if !ok {
+		return nil, ctx.Err()
+	}
+	return unlock, nil
+}
+
 // compensationRefusal says why a compensation may not be sent for orig ("" when it may).
-func compensationRefusal(bs, orig *hooksv1alpha1.BillingSettlement) string {
+// voidsSettled: the provider can still cancel a settled record (billing.VoidsSettled).
+func compensationRefusal(bs, orig *hooksv1alpha1.BillingSettlement, voidsSettled bool) string {
 	switch {
 	case orig.Spec.Type != hooksv1alpha1.SettlementCharge && orig.Spec.Type != "":
 		return fmt.Sprintf("%s is a %s, not a charge: only charges are compensated", orig.Name, orig.Spec.Type)
@@ -415,7 +513,11 @@ func compensationRefusal(bs, orig *hooksv1alpha1.BillingSettlement) string {
 	switch bs.Spec.Type {
 	case hooksv1alpha1.SettlementRefund:
 		if st == hooksv1alpha1.SettlementSettled && chargedAmount(orig) == nil {
-			return fmt.Sprintf("%s is usage priced and its provider reported no amount, so a refund cannot be bounded by it; refund at the provider", orig.Name)
+			why := fmt.Sprintf("%s is usage priced and its provider reported no amount, so a refund cannot be bounded by it; refund at the provider", orig.Name)
+			if voidsSettled {
+				why += ", or void the whole charge while the provider can still cancel it"
+			}
+			return why
 		}
 		if st != hooksv1alpha1.SettlementSettled {
 			if st == hooksv1alpha1.SettlementFailed && EffectiveExposure(&orig.Status) == hooksv1alpha1.ExposureNone {
@@ -425,8 +527,14 @@ func compensationRefusal(bs, orig *hooksv1alpha1.BillingSettlement) string {
 		}
 	case hooksv1alpha1.SettlementVoid:
 		switch {
-		case st == hooksv1alpha1.SettlementSettled:
+		case voidsSettled && orig.Status.ProviderRef == "" && !movedNothing(orig):
+			// Such a provider cancels by reference (Stripe): without one there is nothing
+			// to name yet.
+			return fmt.Sprintf("waiting until %s has a provider reference to cancel (it is %s)", orig.Name, orNew(st))
+		case st == hooksv1alpha1.SettlementSettled && !voidsSettled:
 			return fmt.Sprintf("%s has settled: a Void can no longer cancel it; use a Refund", orig.Name)
+		case voidsSettled && !reversesWhole(bs, orig):
+			return fmt.Sprintf("a Void cancels the whole of %s at the provider: its usage and amount must be the charge's", orig.Name)
 		case st == hooksv1alpha1.SettlementFailed && EffectiveExposure(&orig.Status) == hooksv1alpha1.ExposureNone:
 			return fmt.Sprintf("%s failed: nothing was charged, so there is nothing to void", orig.Name)
 		case orig.Status.FirstSubmittedAt == nil:
@@ -434,6 +542,23 @@ func compensationRefusal(bs, orig *hooksv1alpha1.BillingSettlement) string {
 		}
 	}
 	return ""
+}
+
+// reversesWhole reports whether a compensation names exactly what orig charged: the same
+// usage (meter, unit, quantity by value) and the same amount, each present in both or
+// in neither.
+func reversesWhole(bs, orig *hooksv1alpha1.BillingSettlement) bool {
+	u, ou := bs.Spec.Usage, orig.Spec.Usage
+	a, oa := bs.Spec.Amount, orig.Spec.Amount
+	switch {
+	case (u == nil) != (ou == nil), (a == nil) != (oa == nil):
+		return false
+	case u != nil && (u.Meter != ou.Meter || u.Unit != ou.Unit || !billing.SameQuantity(u.Quantity, ou.Quantity)):
+		return false
+	case a != nil && (a.Minor != oa.Minor || a.Currency != oa.Currency):
+		return false
+	}
+	return true
 }
 
 // chargedAmount is what a charge moved: its own amount, or for a usage-priced one what
@@ -483,14 +608,11 @@ func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementSc
 					s.lookupOnly+"; it is only ever asked for by key, never sent again")
 				return ctrl.Result{}, nil
 			}
-			if res, err := r.guardCompensation(ctx, s); err != nil || !res.IsZero() {
-				return res, err
-			}
 			submitted = true
-			var err error
 			var held providerHold
-			if obs, held, err = r.submit(ctx, s); err != nil {
-				return ctrl.Result{}, err
+			res, err := r.guardAndSubmit(ctx, s, &obs, &held)
+			if err != nil || !res.IsZero() {
+				return res, err
 			}
 			if held.why != "" {
 				r.cond(s.bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, ReasonBillingProviderNotFound, held.why)
@@ -521,6 +643,22 @@ func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementSc
 	return ctrl.Result{RequeueAfter: time.Second}, nil
 }
 
+// guardAndSubmit runs the compensation guard and the submission under the charge's
+// lock (compensationLocks), so the guard of one compensation sees the bracket of any
+// other of the same charge; a non-zero result or an error means nothing was sent.
+func (r *BillingSettlementReconciler) guardAndSubmit(ctx context.Context, s *settlementScope, obs *observation, held *providerHold) (ctrl.Result, error) {
+	unlock, err := compensationLocks.lock(ctx, s.bs)
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("wait for the other compensations of %s: %w", s.bs.Spec.Reverses, err)
+	}
+	defer unlock()
+	if res, err := r.guardCompensation(ctx, s); err != nil || !res.IsZero() {
+		return res, err
+	}
+	*obs, *held, err = r.submit(ctx, s)
+	return ctrl.Result{}, err
+}
+
 // providerChanged reports whether the provider now points elsewhere than where the
 // settlement's calls went.
 func (s *settlementScope) providerChanged() bool {
@@ -543,6 +681,11 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 	now := metav1.NewTime(s.now)
 	if st.FirstSubmittedAt == nil {
 		st.FirstSubmittedAt = &now
+	}
+	if st.ReversesRef == "" && bs.Spec.Reverses != "" {
+		// What a compensation cancels, deletes or credits is named once: a resend or a
+		// lookup never names another record (Stripe does not key DELETEs).
+		st.ReversesRef = s.reversesRef
 	}
 	target := s.target
 	// A crash or a lost answer from here on means the provider may have it.
@@ -661,7 +804,7 @@ func failureObservation(err error, now time.Time, st *hooksv1alpha1.BillingSettl
 		o.retryAfter = e.RetryAfter
 		switch {
 		case e.Unanswerable:
-			o.kind = obsUnanswerable
+			o.kind, o.repeatHarmless = obsUnanswerable, e.RepeatHarmless
 		case e.KeyReused:
 			o.kind = obsKeyReused
 		case e.InFlight:

@@ -18,6 +18,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 )
 
@@ -799,6 +800,11 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 
 	// Local settled but unknown to the provider: those settled in the window that the
 	// list did not show are asked by key before anything is reported.
+	target := targetOf(bp)
+	target.Mode = adapters.Mode(c)
+	sentHere := func(bs *hooksv1alpha1.BillingSettlement) bool {
+		return bs.Status.SentTo == nil || *bs.Status.SentTo == target
+	}
 	for _, bs := range mine {
 		if bs.Status.State != hooksv1alpha1.SettlementSettled || seen[bs.Spec.IdempotencyKey] ||
 			bs.Status.SettledAt == nil || bs.Status.SettledAt.Time.Before(since) {
@@ -814,7 +820,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 		rec, found, err := billing.LookupFor(ctx, c, requestOf(bs, reverses, reversesRef))
 		observeBillingCall(bp.Namespace, bp.Name, "lookup", called, err)
 		if e, ok := billing.AsError(err); ok && e.Unanswerable {
-			if e.Unreadable {
+			if e.Unreadable && sentHere(bs) {
 				// Stripe can neither list nor read back meter events: the settlement rests
 				// on the provider's answer to its submission, which it matched field by
 				// field. Counted and marked (so it may be archived).
@@ -842,6 +848,19 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 			r.markReconciled(ctx, bs, rec, now)
 			continue
 		}
+		if !found {
+			// A charge a settled Void cancelled is gone at a provider that deletes it
+			// (Stripe): that is the Void's doing, not a loss.
+			void, err := r.settledVoidOf(ctx, bs)
+			if err != nil {
+				return err
+			}
+			if void != "" {
+				r.markCompared(ctx, bs, hooksv1alpha1.ReasonVoided,
+					fmt.Sprintf("the provider no longer has %s: %s voided it", bs.Status.ProviderRef, void), now)
+				continue
+			}
+		}
 		state := "no record"
 		if found {
 			state = rec.Status
@@ -851,6 +870,34 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 			Message: fmt.Sprintf("settled locally as %s, but the provider has %s under key %s", bs.Status.ProviderRef, state, bs.Spec.IdempotencyKey)})
 	}
 	return nil
+}
+
+// settledVoidOf names a settled Void of charge bs, in the cluster or the archive ("" when
+// there is none).
+func (r *BillingProviderReconciler) settledVoidOf(ctx context.Context, bs *hooksv1alpha1.BillingSettlement) (string, error) {
+	if bs.Spec.Reverses != "" {
+		return "", nil
+	}
+	var l hooksv1alpha1.BillingSettlementList
+	if err := r.List(ctx, &l, client.InNamespace(bs.Namespace), client.MatchingFields{IndexSettlementReverses: bs.Name}); err != nil {
+		return "", fmt.Errorf("list compensations of %s: %w", bs.Name, err)
+	}
+	comps := l.Items
+	if r.Archive != nil {
+		archived, err := r.Archive.Reversing(ctx, bs.Namespace, bs.Name)
+		noteArchive("BillingSettlement", err)
+		if err != nil {
+			return "", fmt.Errorf("list archived compensations of %s: %w", bs.Name, err)
+		}
+		comps = append(comps, archived...)
+	}
+	for i := range comps {
+		c := &comps[i]
+		if c.Spec.Type == hooksv1alpha1.SettlementVoid && c.Spec.Reverses == bs.Name && c.Status.State == hooksv1alpha1.SettlementSettled {
+			return c.Name, nil
+		}
+	}
+	return "", nil
 }
 
 // notProvablyOurs says why a provider record under a settlement's key cannot confirm

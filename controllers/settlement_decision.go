@@ -113,6 +113,9 @@ type observation struct {
 	// priorLastSubmission is status.lastSubmission before the bracket of this
 	// submission set it to MaybeReceived.
 	priorLastSubmission hooksv1alpha1.SubmissionOutcome
+	// repeatHarmless: the provider cannot answer (obsUnanswerable), but carrying the
+	// request out twice moves no more money than once (billing.Error.RepeatHarmless).
+	repeatHarmless bool
 	// message is a short description of a failure, for the condition.
 	message string
 }
@@ -437,13 +440,25 @@ func unanswerable(in decisionInput, d decision) decision {
 	}
 	spent, why := budgetSpent(st, in.policy, in.now)
 	first := st.FirstSubmittedAt
-	if first != nil && in.now.Before(resendableUntil(first.Time, in.policy)) && !in.deleting && !spent && !in.obs.submit {
+	refused := in.obs.repeatHarmless && st.LastSubmission == hooksv1alpha1.SubmissionRefused
+	switch {
+	case in.obs.submit || in.deleting || spent || refused:
+	case first != nil && in.now.Before(resendableUntil(first.Time, in.policy)):
+		d.action, d.reason = actSubmit, hooksv1alpha1.ReasonSubmittedToProvider
+		return d
+	case first == nil && in.obs.repeatHarmless:
+		// A cancellation this record never sent: whether an earlier record under its
+		// key did cannot be known, and does not matter — sending it twice cancels once.
 		d.action, d.reason = actSubmit, hooksv1alpha1.ReasonSubmittedToProvider
 		return d
 	}
 	d.action, d.state, d.failures = actDone, hooksv1alpha1.SettlementRequiresReconciliation, 0
 	d.reason = hooksv1alpha1.ReasonProviderCannotAnswer
 	switch {
+	case refused:
+		// Its last submission was refused (a cancellation past the provider's window),
+		// and an earlier record under the key may have carried it out: a human looks.
+		d.message = "the provider refused it, and cannot be asked whether an earlier request under this key was carried out: "
 	case in.obs.submit:
 		d.message = "the provider's answer proves nothing about this key, and it does not replay the request: "
 	case first == nil:

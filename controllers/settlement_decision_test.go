@@ -50,8 +50,15 @@ func firstAttempts(st *hooksv1alpha1.BillingSettlementStatus, kind observationKi
 	if kind != obsUnanswerable && kind != obsNotFound || st.FirstSubmittedAt == nil {
 		return []time.Duration{-1}
 	}
-	return []time.Duration{-1, time.Minute, policy.keyWindow - 30*time.Second, policy.keyWindow + time.Hour}
+	out := []time.Duration{-1, time.Minute, policy.keyWindow - 30*time.Second, policy.keyWindow + time.Hour}
+	if st.State == pending {
+		out = append(out, unsentFirst) // a hand-made record: Possible, never sent by itself
+	}
+	return out
 }
+
+// unsentFirst, as a first attempt, clears it: the record never sent its key.
+const unsentFirst = time.Duration(-2)
 
 func statusOfPair(state S, exp E) *hooksv1alpha1.BillingSettlementStatus {
 	st := &hooksv1alpha1.BillingSettlementStatus{State: state, Exposure: exp}
@@ -84,23 +91,28 @@ func TestDecisionInvariants(t *testing.T) {
 								if spent {
 									st.Attempts = policy.maxAttempts
 								}
-								for _, last := range []hooksv1alpha1.SubmissionOutcome{"", hooksv1alpha1.SubmissionMaybeReceived, hooksv1alpha1.SubmissionNotReceived} {
+								for _, last := range []hooksv1alpha1.SubmissionOutcome{"", hooksv1alpha1.SubmissionMaybeReceived, hooksv1alpha1.SubmissionNotReceived, hooksv1alpha1.SubmissionRefused} {
 									for _, firstAgo := range firstAttempts(st, kind) {
-										st := st.DeepCopy()
-										st.LastSubmission = last
-										if firstAgo >= 0 && st.FirstSubmittedAt != nil {
-											st.FirstSubmittedAt = &metav1.Time{Time: t0.Add(-firstAgo)}
+										for _, harmless := range []bool{false, kind == obsUnanswerable} {
+											st := st.DeepCopy()
+											st.LastSubmission = last
+											if firstAgo >= 0 && st.FirstSubmittedAt != nil {
+												st.FirstSubmittedAt = &metav1.Time{Time: t0.Add(-firstAgo)}
+											}
+											if firstAgo == unsentFirst {
+												st.FirstSubmittedAt, st.Attempts = nil, 0
+											}
+											if st.FirstSubmittedAt != nil {
+												st.LastAttemptAt = &metav1.Time{Time: t0.Add(-5 * time.Second)}
+											}
+											in := decisionInput{status: st, policy: policy, deleting: deleting, now: t0, random: 0.5,
+												obs: observation{kind: kind, submit: submit, status: rs, priorExposure: exp,
+													priorLastSubmission: last, message: "x", repeatHarmless: harmless}}
+											d := decide(in)
+											n++
+											name := fmt.Sprintf("%s/%s/%s/submit=%v/deleting=%v/spent=%v/%s/last=%s/first=-%s/harmless=%v", state, exp, kind, submit, deleting, spent, rs, last, firstAgo, harmless)
+											checkInvariants(t, name, in, d)
 										}
-										if st.FirstSubmittedAt != nil {
-											st.LastAttemptAt = &metav1.Time{Time: t0.Add(-5 * time.Second)}
-										}
-										in := decisionInput{status: st, policy: policy, deleting: deleting, now: t0, random: 0.5,
-											obs: observation{kind: kind, submit: submit, status: rs, priorExposure: exp,
-												priorLastSubmission: last, message: "x"}}
-										d := decide(in)
-										n++
-										name := fmt.Sprintf("%s/%s/%s/submit=%v/deleting=%v/spent=%v/%s/last=%s/first=-%s", state, exp, kind, submit, deleting, spent, rs, last, firstAgo)
-										checkInvariants(t, name, in, d)
 									}
 								}
 							}
@@ -135,8 +147,12 @@ func checkInvariants(t *testing.T, name string, in decisionInput, d decision) {
 	}
 	if d.action == actSubmit && in.obs.kind == obsUnanswerable {
 		switch first := in.status.FirstSubmittedAt; {
-		case first == nil:
+		case first == nil && !in.obs.repeatHarmless:
 			t.Errorf("%s: resends after an unanswerable lookup a key this record never sent", name)
+		case first == nil:
+			// A cancellation never sent by this record: sending it twice cancels once.
+		case in.obs.repeatHarmless && in.status.LastSubmission == hooksv1alpha1.SubmissionRefused:
+			t.Errorf("%s: sends again a request the provider refused, with an earlier one unknowable", name)
 		case !in.now.Before(resendableUntil(first.Time, in.policy)):
 			t.Errorf("%s: resends an unanswerable key near or past the end of its window", name)
 		case in.obs.submit:
@@ -361,6 +377,19 @@ func TestDecisionTable(t *testing.T) {
 		{name: "unanswerable lookup for a record that never sent (a compensation, a hand-made charge): RequiresReconciliation",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
 			in:     unanswerable(false),
+			action: actDone, state: rr, exp: possible},
+		{name: "unanswerable lookup of a cancellation this record never sent: sent, as cancelling twice cancels once",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
+			in:     func(in *decisionInput) { unanswerable(false)(in); in.obs.repeatHarmless = true },
+			action: actSubmit, state: pending, exp: possible},
+		{name: "unanswerable lookup of a cancellation whose only submission was refused: RequiresReconciliation",
+			st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-time.Minute),
+				LastSubmission: hooksv1alpha1.SubmissionRefused},
+			in:     func(in *decisionInput) { unanswerable(false)(in); in.obs.repeatHarmless = true },
+			action: actDone, state: rr, exp: possible},
+		{name: "unanswerable lookup of a cancellation never sent, while deleting: RequiresReconciliation, nothing sent",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
+			in:     func(in *decisionInput) { unanswerable(false)(in); in.obs.repeatHarmless = true; in.deleting = true },
 			action: actDone, state: rr, exp: possible},
 		{name: "unanswerable lookup of a settlement already in RequiresReconciliation keeps its reason",
 			st: hooksv1alpha1.BillingSettlementStatus{State: rr, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-10 * time.Minute),

@@ -51,6 +51,15 @@ var _ = Describe("a Stripe billing provider (issue 15)", func() {
 	invoice := func(customer string, cents int) string {
 		return fmt.Sprintf(`{"type":"invoice.paid","data":{"customer":%q,"lines":[{"a":"inv","b":"1","cents":%d}]}}`, customer, cents)
 	}
+	// reconciled is the reason of bs's Reconciled=True condition ("" while it has none).
+	reconciled := func(bs *hooksv1alpha1.BillingSettlement) func() string {
+		return func() string {
+			if c := condition(get(bs).Status.Conditions, hooksv1alpha1.ConditionReconciled); c != nil && c.Status == metav1.ConditionTrue {
+				return c.Reason
+			}
+			return ""
+		}
+	}
 	// line is the invoice line's settlement (its key: keyFrom .a and .b).
 	line := func(ns string) *hooksv1alpha1.BillingSettlement {
 		return &hooksv1alpha1.BillingSettlement{ObjectMeta: metav1.ObjectMeta{Namespace: ns,
@@ -88,14 +97,6 @@ var _ = Describe("a Stripe billing provider (issue 15)", func() {
 		}).Should(Equal(hooksv1alpha1.StripeModeTest))
 		// The pass: the invoice item is listed and matched; the meter event cannot be
 		// listed or read back, and is marked as resting on Stripe's answer to it.
-		reconciled := func(bs *hooksv1alpha1.BillingSettlement) func() string {
-			return func() string {
-				if c := condition(get(bs).Status.Conditions, hooksv1alpha1.ConditionReconciled); c != nil && c.Status == metav1.ConditionTrue {
-					return c.Reason
-				}
-				return ""
-			}
-		}
 		Eventually(reconciled(bs)).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.ReasonProviderCannotAnswer))
 		Eventually(reconciled(line(ns))).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.ReasonConfirmedByProvider))
 		var reports hooksv1alpha1.ReconciliationReportList
@@ -197,6 +198,118 @@ var _ = Describe("a Stripe billing provider (issue 15)", func() {
 			}
 		}
 		Expect(posts).To(Equal(1), "the pass only reads")
+	})
+
+	// reversal is a compensation of orig created by hand (as the runbook or kubectl
+	// settlement does), for the original's usage and amount unless amount is given.
+	reversal := func(orig *hooksv1alpha1.BillingSettlement, key string, typ hooksv1alpha1.SettlementType, amount *hooksv1alpha1.Amount) *hooksv1alpha1.BillingSettlement {
+		bs := &hooksv1alpha1.BillingSettlement{ObjectMeta: metav1.ObjectMeta{Namespace: orig.Namespace, Name: identity.SettlementName("inference", key)},
+			Spec: hooksv1alpha1.BillingSettlementSpec{BillingProviderRef: orig.Spec.BillingProviderRef, SettlementKey: key,
+				IdempotencyKey: identity.IdempotencyKey(key), Type: typ, Reverses: orig.Name, Customer: orig.Spec.Customer,
+				Usage: orig.Spec.Usage.DeepCopy(), Amount: orig.Spec.Amount.DeepCopy()}}
+		if amount != nil {
+			bs.Spec.Usage, bs.Spec.Amount = nil, amount
+		}
+		return bs
+	}
+
+	It("voids a settled meter event with a cancel within Stripe's 24 hours, once", func() {
+		ns := stripeTenant()
+		sendOK(ns, "msg_stripe_void", jobEvent("job-stripe-void", 1, 300))
+		Eventually(settlementState(ns, "job-stripe-void")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		orig := settlementOf(ns, "job-stripe-void")
+		void := reversal(orig, "void/job-stripe-void", hooksv1alpha1.SettlementVoid, nil)
+		Expect(k8s.Create(ctx, void)).To(Succeed())
+		Eventually(stateOf(void)).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		Expect(get(void).Status.ProviderRef).To(Equal("meter_event_cancel:" + orig.Spec.IdempotencyKey))
+		Expect(get(void).Status.ReversesRef).To(Equal(orig.Status.ProviderRef), "what it cancels is pinned at its first attempt")
+		Expect(fake.Charges(orig.Spec.IdempotencyKey)).To(BeZero(), "the meter event is cancelled")
+		adjustments := 0
+		for _, r := range fake.Requests() {
+			if r.Path == "/v1/billing/meter_event_adjustments" {
+				Expect(r.IdempotencyKey).To(Equal(void.Spec.IdempotencyKey))
+				adjustments++
+			}
+		}
+		Expect(adjustments).To(Equal(1))
+
+		// Voided: neither a second Void nor a Refund of it is sent (a meter event has no
+		// price at Stripe, so a refund could not be bounded anyway).
+		again := reversal(orig, "void2/job-stripe-void", hooksv1alpha1.SettlementVoid, nil)
+		refund := reversal(orig, "refund/job-stripe-void", hooksv1alpha1.SettlementRefund, &hooksv1alpha1.Amount{Minor: 100, Currency: "USD"})
+		for _, bs := range []*hooksv1alpha1.BillingSettlement{again, refund} {
+			Expect(k8s.Create(ctx, bs)).To(Succeed())
+			Eventually(readyReason(bs)).Should(Equal(hooksv1alpha1.ReasonCompensationNotAllowed))
+		}
+		Expect(condition(get(again).Status.Conditions, hooksv1alpha1.ConditionReady).Message).To(ContainSubstring("is sent only alone"))
+		Consistently(func() int { return len(fake.Requests()) }).WithTimeout(2 * time.Second).Should(Equal(len(fake.Requests())))
+	})
+
+	It("voids an uninvoiced invoice item by deleting it; an invoiced one is refused with what to do, and refunded as a credit", func() {
+		ns := stripeTenant()
+		sendOK(ns, "msg_stripe_void_item", invoice("cus_void", 4200))
+		Eventually(stateOf(line(ns))).Should(Equal(hooksv1alpha1.SettlementSettled))
+		orig := get(line(ns))
+		Expect(fake.Invoice(orig.Status.ProviderRef, "in_1")).To(Succeed())
+
+		// A Void must name the whole charge: Stripe deletes the whole item.
+		part := reversal(orig, "void-part/inv", hooksv1alpha1.SettlementVoid, &hooksv1alpha1.Amount{Minor: 1000, Currency: "USD"})
+		Expect(k8s.Create(ctx, part)).To(Succeed())
+		Eventually(readyReason(part)).Should(Equal(hooksv1alpha1.ReasonCompensationNotAllowed))
+		Expect(condition(get(part).Status.Conditions, hooksv1alpha1.ConditionReady).Message).To(ContainSubstring("must be the charge's"))
+		Expect(k8s.Delete(ctx, part)).To(Succeed())
+
+		void := reversal(orig, "void/inv", hooksv1alpha1.SettlementVoid, nil)
+		Expect(k8s.Create(ctx, void)).To(Succeed())
+		Eventually(stateOf(void)).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.SettlementFailed))
+		Expect(condition(get(void).Status.Conditions, hooksv1alpha1.ConditionReady).Message).To(SatisfyAll(
+			ContainSubstring("cannot be deleted once invoiced"), ContainSubstring("refund it instead")))
+		Expect(get(void).Status.Exposure).To(Equal(hooksv1alpha1.ExposureNone))
+		Expect(fake.Charges(orig.Spec.IdempotencyKey)).To(Equal(1), "the invoiced item stays")
+
+		// The refused Void moved nothing: a Refund of part of it is a credit.
+		refund := reversal(orig, "refund/inv", hooksv1alpha1.SettlementRefund, &hooksv1alpha1.Amount{Minor: 1200, Currency: "USD"})
+		Expect(k8s.Create(ctx, refund)).To(Succeed())
+		Eventually(stateOf(refund)).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		Expect(fake.InvoiceItems()).To(ContainElement(SatisfyAll(HaveField("Customer", "cus_void"), HaveField("Amount", int64(-1200)),
+			HaveField("Metadata", HaveKeyWithValue(stripebilling.MetaReverses, orig.Spec.SettlementKey)))))
+		Expect(fake.Charges(refund.Spec.IdempotencyKey)).To(Equal(1))
+
+		// Refunded in part, the charge is no longer voided whole.
+		late := reversal(orig, "void-late/inv", hooksv1alpha1.SettlementVoid, nil)
+		Expect(k8s.Create(ctx, late)).To(Succeed())
+		Eventually(readyReason(late)).Should(Equal(hooksv1alpha1.ReasonCompensationNotAllowed))
+
+		// Another tenant's item, not invoiced: the Void deletes it, and the pass marks the
+		// Void as resting on Stripe's answer (a deleted item cannot be read back), so it
+		// can be archived rather than reported.
+		// The charge too, once its item is gone: voided, not lost. (Passes start once
+		// both have settled, so the pass finds the item already deleted.)
+		ns2 := stripeTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{
+				Interval: &metav1.Duration{Duration: time.Hour}, StuckAfter: &metav1.Duration{Duration: time.Second}}
+		})
+		sendOK(ns2, "msg_stripe_void_item2", invoice("cus_void2", 800))
+		Eventually(stateOf(line(ns2))).Should(Equal(hooksv1alpha1.SettlementSettled))
+		orig2 := get(line(ns2))
+		void2 := reversal(orig2, "void/inv2", hooksv1alpha1.SettlementVoid, nil)
+		Expect(k8s.Create(ctx, void2)).To(Succeed())
+		Eventually(stateOf(void2)).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		Expect(get(void2).Status.ProviderRef).To(Equal("deleted:" + orig2.Status.ProviderRef))
+		Expect(fake.Charges(orig2.Spec.IdempotencyKey)).To(BeZero(), "the item is deleted")
+		var bp hooksv1alpha1.BillingProvider
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns2, Name: fixtures.BillingProviderName}, &bp)).To(Succeed())
+		patch := client.MergeFrom(bp.DeepCopy())
+		bp.Spec.Reconciliation.Interval = &metav1.Duration{Duration: 2 * time.Second}
+		Expect(k8s.Patch(ctx, &bp, patch)).To(Succeed())
+		Eventually(reconciled(void2)).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.ReasonProviderCannotAnswer))
+		Eventually(reconciled(orig2)).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.ReasonVoided))
+		var reports hooksv1alpha1.ReconciliationReportList
+		Expect(k8s.List(ctx, &reports, client.InNamespace(ns2))).To(Succeed())
+		for _, rep := range reports.Items {
+			Expect(rep.Status.Items).NotTo(ContainElement(HaveField("Object", SatisfyAny(
+				Equal("BillingSettlement/"+void2.Name), Equal("BillingSettlement/"+orig2.Name)))))
+		}
 	})
 
 	It("refuses a usage charge for a meter Stripe has no mapping for, sending nothing", func() {

@@ -13,7 +13,9 @@ const (
 	SettlementCharge SettlementType = "Charge"
 	// SettlementRefund returns money for a settled charge (compensation).
 	SettlementRefund SettlementType = "Refund"
-	// SettlementVoid cancels a charge that has not settled yet (compensation).
+	// SettlementVoid cancels a whole charge (compensation): one that has not settled
+	// yet, or a settled one its provider can still cancel (Stripe: a meter event within
+	// 24 hours, an invoice item until it is invoiced).
 	SettlementVoid SettlementType = "Void"
 )
 
@@ -136,6 +138,10 @@ const (
 	// with the provider's dashboard, as the message says. Also the reason of a
 	// Reconciled condition a pass sets on a settlement it can never compare.
 	ReasonProviderCannotAnswer = "ProviderCannotAnswer"
+	// ReasonVoided: the reason of a Reconciled condition a pass sets on a settled charge
+	// the provider no longer has because a settled Void of it cancelled it (Stripe
+	// deletes a voided invoice item).
+	ReasonVoided = "Voided"
 )
 
 // BillingSettlementSpec is one logical financial operation. It is immutable: a
@@ -335,6 +341,13 @@ type BillingSettlementStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=256
 	ProviderRef string `json:"providerRef,omitempty"`
+
+	// reversesRef is, for a Refund or Void, the provider's ID of the settlement it
+	// reverses, pinned when it is first sent: every later attempt and lookup names
+	// the same record, whatever happens to the original since.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	ReversesRef string `json:"reversesRef,omitempty"`
 
 	// providerStatus is the provider's last reported status (pending, settled, failed).
 	// +optional

@@ -584,6 +584,27 @@ func TestRefund(t *testing.T) {
 	if r := cli(t, env, "refund", pending.Name, "--full", "-n", ns); r.code != 1 || !strings.Contains(r.stderr, "not Settled") || !strings.Contains(r.stderr, "Void") {
 		t.Fatalf("refund of an unsettled charge: %d %s", r.code, r.stderr)
 	}
+	// A charge with a Void beside it is not refunded: the Void may cancel it whole.
+	void := &hooksv1alpha1.BillingSettlement{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-stl-" + h("inference/void-1")},
+		Spec: hooksv1alpha1.BillingSettlementSpec{BillingProviderRef: "billing", SettlementKey: "inference/void-1",
+			IdempotencyKey: "stl_" + hJCS("settlement", ns, "inference/void-1"), Type: hooksv1alpha1.SettlementVoid, Reverses: n.charge,
+			Customer: "cus_Q2x9", Amount: &hooksv1alpha1.Amount{Minor: 1250, Currency: "USD"}}}
+	if err := cl.Create(ctx, void); err != nil {
+		t.Fatal(err)
+	}
+	// Held by its guard, never sent: it blocks nothing, as in the operator.
+	if r := cli(t, env, "refund", n.charge, "--amount", "0.01", "--refund-id", "4", "-n", ns, "--dry-run"); r.code != 1 || strings.Contains(r.stderr, "voids it") {
+		t.Fatalf("refund beside a Void never sent: %d %s", r.code, r.stderr)
+	}
+	sent := metav1.Now()
+	void.Status = hooksv1alpha1.BillingSettlementStatus{State: hooksv1alpha1.SettlementSubmitted, Exposure: hooksv1alpha1.ExposurePossible,
+		Attempts: 1, FirstSubmittedAt: &sent}
+	if err := cl.Status().Update(ctx, void); err != nil {
+		t.Fatal(err)
+	}
+	if r := cli(t, env, "refund", n.charge, "--amount", "0.01", "--refund-id", "4", "-n", ns); r.code != 1 || !strings.Contains(r.stderr, void.Name+" voids it") {
+		t.Fatalf("refund of a voided charge: %d %s", r.code, r.stderr)
+	}
 	// A user who may not create settlements is told what is missing.
 	reader := kubeEnv(t, cfg, "nobody")
 	if r := cli(t, reader, "refund", n.charge, "--full", "--refund-id", "3", "-n", ns); r.code != 1 || !strings.Contains(r.stderr, "not allowed") {

@@ -73,29 +73,37 @@ func chargedAmount(bs *hooksv1alpha1.BillingSettlement) *hooksv1alpha1.Amount {
 // refundedSoFar adds up the charge's refunds in the cluster, as the operator does
 // before it sends one (a refund Failed with exposure None refunded nothing), leaving
 // out the refund named skip (this command's own, if it exists already). The operator
-// also counts archived refunds, and holds a refund that would go over.
-func refundedSoFar(ctx context.Context, cl client.Client, charge *hooksv1alpha1.BillingSettlement, skip string) (int64, []string, error) {
+// also counts archived refunds, and holds a refund that would go over. voidedBy names
+// a Void of the charge that may have cancelled it whole ("" when none): the operator
+// holds any refund beside it.
+func refundedSoFar(ctx context.Context, cl client.Client, charge *hooksv1alpha1.BillingSettlement, skip string) (total int64, names []string, voidedBy string, _ error) {
 	var l hooksv1alpha1.BillingSettlementList
 	if err := cl.List(ctx, &l, client.InNamespace(charge.Namespace)); err != nil {
 		if apierrors.IsForbidden(err) {
-			return 0, nil, fmt.Errorf("not allowed to list billingsettlements in %s (the earlier refunds of the charge): %w", charge.Namespace, err)
+			return 0, nil, "", fmt.Errorf("not allowed to list billingsettlements in %s (the earlier refunds of the charge): %w", charge.Namespace, err)
 		}
-		return 0, nil, fmt.Errorf("list the refunds of %s: %w", charge.Name, err)
+		return 0, nil, "", fmt.Errorf("list the refunds of %s: %w", charge.Name, err)
 	}
-	var total int64
-	var names []string
 	for i := range l.Items {
 		o := &l.Items[i]
-		if o.Name == skip || o.Spec.Reverses != charge.Name || o.Spec.Type != hooksv1alpha1.SettlementRefund || o.Spec.Amount == nil {
+		if o.Name == skip || o.Spec.Reverses != charge.Name {
 			continue
 		}
 		if o.Status.State == hooksv1alpha1.SettlementFailed && o.Status.Exposure == hooksv1alpha1.ExposureNone {
 			continue
 		}
+		held := (o.Status.State == "" || o.Status.State == hooksv1alpha1.SettlementPending) && o.Status.FirstSubmittedAt == nil &&
+			o.Status.Attempts == 0 && o.Status.SentTo == nil && o.Status.Disagreement == nil && o.Status.ProviderRef == ""
+		if o.Spec.Type == hooksv1alpha1.SettlementVoid && !held {
+			voidedBy = o.Name // a Void held by its guard, never sent, blocks nothing (as in the operator)
+		}
+		if o.Spec.Type != hooksv1alpha1.SettlementRefund || o.Spec.Amount == nil {
+			continue
+		}
 		total += o.Spec.Amount.Minor
 		names = append(names, o.Name)
 	}
-	return total, names, nil
+	return total, names, voidedBy, nil
 }
 
 // refundOf builds the refund of charge for amount under refund ID id, named and keyed
@@ -178,9 +186,12 @@ func (c *command) refund(ctx context.Context, args []string) error {
 			"the operator could not check a refund against it; ask the provider what it charged, then create the Refund by hand (docs/runbook.md \"Compensate\")", what)
 	}
 	name := refundOf(charge, provider, rf.refundID, *charged).Name
-	refunded, others, err := refundedSoFar(ctx, cl, charge, name)
+	refunded, others, voidedBy, err := refundedSoFar(ctx, cl, charge, name)
 	if err != nil {
 		return err
+	}
+	if voidedBy != "" {
+		return fmt.Errorf("not refunding %s: %s voids it, and may have cancelled the whole charge; the operator holds any refund beside it", what, voidedBy)
 	}
 	left := charged.Minor - refunded
 	minor := left

@@ -167,6 +167,21 @@ func UsageTotalsOf(c Client) (UsageTotaler, bool) {
 	return t, ok
 }
 
+// SettledVoider is a Client whose provider can still cancel a record after it
+// settled (Stripe: a meter event within 24 hours of receipt, an invoice item until it
+// is invoiced), so a Void of a settled charge may be sent; the adapter refuses it,
+// terminally and saying what to do instead, once the provider no longer can.
+type SettledVoider interface {
+	VoidsSettled() bool
+}
+
+// VoidsSettled reports whether c's provider can cancel a settled record (see
+// SettledVoider), under any wrappers.
+func VoidsSettled(c Client) bool {
+	v, ok := Unwrap(c).(SettledVoider)
+	return ok && v.VoidsSettled()
+}
+
 // LookupFor asks c for r's record: from the request where the adapter needs it, by
 // r.IdempotencyKey otherwise. Controllers always ask through it.
 func LookupFor(ctx context.Context, c Client, r Request) (Record, bool, error) {
@@ -253,6 +268,11 @@ type Error struct {
 	// all there is. Without it, this lookup could not answer (too many records to
 	// search, a record that is gone), which a reconciliation pass reports.
 	Unreadable bool
+	// RepeatHarmless, with Unanswerable, says that carrying the request out twice moves
+	// no more money than once (Stripe: a cancellation cancels its meter event at most
+	// once), so a record that never sent it may send it although nobody can say
+	// whether an earlier record under the same key did.
+	RepeatHarmless bool
 	// Message is a short, human-readable explanation without secrets.
 	Message string
 	// Err is the underlying network or decoding error, if any.

@@ -317,7 +317,8 @@ func (c *Client) cancelMeterEvent(ctx context.Context, r billing.Request) (billi
 		if se := stripeError(err); se != nil && se.HTTPStatusCode == http.StatusBadRequest && se.Type == stripe.ErrorTypeInvalidRequest {
 			e := classify(err, true)
 			e.Message = "Stripe refused to cancel the meter event (it cancels only events received in the last 24 hours): " +
-				"refund an amount instead, which Stripe records as a credit; " + e.Message
+				"a meter event has no price at Stripe, so the operator cannot bound a refund of it; correct the customer's " +
+				"invoice in the Stripe dashboard (a credit note or a negative invoice item); " + e.Message
 			return billing.Record{}, e
 		}
 		return billing.Record{}, classify(err, true)
@@ -451,7 +452,11 @@ func (c *Client) LookupRequest(ctx context.Context, r billing.Request) (billing.
 		p := &stripe.InvoiceItemRetrieveParams{}
 		it, err := c.sc.V1InvoiceItems.Retrieve(ctx, r.ReversesRef, p)
 		if se := stripeError(err); se != nil && se.Code == stripe.ErrorCodeResourceMissing {
-			return billing.Record{}, false, missingItem(r.ReversesRef, se.HTTPStatusCode)
+			// Stripe cannot read a deletion back (a deleted item answers as one never
+			// there): a settled void rests on Stripe's answer to its DELETE.
+			e := missingItem(r.ReversesRef, se.HTTPStatusCode)
+			e.Unreadable = true
+			return billing.Record{}, false, e
 		}
 		if err == nil && it.Deleted {
 			return voidRecord(r), true, nil
@@ -463,17 +468,28 @@ func (c *Client) LookupRequest(ctx context.Context, r billing.Request) (billing.
 	case r.Amount != nil:
 		return c.findItem(ctx, r)
 	}
-	event := r.IdempotencyKey
-	what := "a meter event with identifier " + event
 	if r.Type != billing.TypeCharge {
-		event = strings.TrimPrefix(r.ReversesRef, "meter_event:")
-		what = "a cancellation (meter event adjustment) of the meter event with identifier " + event
+		// A cancellation cannot be read back either, but cancelling an event twice
+		// cancels it once: sending it is the answer (RepeatHarmless).
+		event := strings.TrimPrefix(r.ReversesRef, "meter_event:")
+		return billing.Record{}, false, &billing.Error{Class: billing.Terminal, Code: "meter_event_unreadable", Unanswerable: true,
+			Unreadable: true, RepeatHarmless: true,
+			Message: "Stripe cannot be asked whether the meter event with identifier " + event + " was cancelled (meter events and " +
+				"their adjustments cannot be read back): look for the event in the Stripe dashboard (Billing → Meters → the meter's " +
+				"events); if it shows as cancelled, the void is done; if not, it can no longer be cancelled after 24 hours: correct " +
+				"the customer's invoice in the dashboard"}
 	}
 	return billing.Record{}, false, &billing.Error{Class: billing.Terminal, Code: "meter_event_unreadable", Unanswerable: true, Unreadable: true,
-		Message: "Stripe cannot be asked whether it holds " + what + " (meter events cannot be read back): look for it in the Stripe " +
-			"dashboard (Billing → Meters → the meter's events); if it is there, the charge is done; if not, report the usage to Stripe " +
-			"yourself with this identifier (the operator does not resend past Stripe's 24-hour key window)"}
+		Message: "Stripe cannot be asked whether it holds a meter event with identifier " + r.IdempotencyKey + " (meter events cannot " +
+			"be read back): look for it in the Stripe dashboard (Billing → Meters → the meter's events); if it is there, the charge " +
+			"is done; if not, report the usage to Stripe yourself with this identifier (the operator does not resend past Stripe's " +
+			"24-hour key window)"}
 }
+
+// VoidsSettled says a Void of a settled charge may be sent: Stripe cancels a meter
+// event within 24 hours of receiving it and deletes an invoice item until it is
+// invoiced, and refuses either after (the refusal says what to do instead).
+func (c *Client) VoidsSettled() bool { return true }
 
 // findItem looks for the invoice item carrying r's idempotency key among the
 // customer's items, newest first, up to maxLookupItems.

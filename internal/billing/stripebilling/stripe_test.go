@@ -252,6 +252,19 @@ func TestMeterEventExactlyOnce(t *testing.T) {
 		if !e.Unanswerable || !strings.Contains(e.Message, "dashboard") || !strings.Contains(e.Message, "stl_lookup") {
 			t.Fatalf("got %+v", e)
 		}
+		if e.RepeatHarmless {
+			t.Fatal("a meter event sent twice under two keys is two charges: not harmless to repeat")
+		}
+	})
+
+	t.Run("a meter event's cancellation cannot be looked up, and is harmless to repeat", func(t *testing.T) {
+		_, c, _ := setup(t)
+		charge := usageCharge("cancelled")
+		_, _, err := c.LookupRequest(ctx, voidOf(charge, stripebilling.MeterEventRef(charge.IdempotencyKey), "stl_cancel"))
+		e := class(t, err)
+		if !e.Unanswerable || !e.RepeatHarmless || !strings.Contains(e.Message, "shows as cancelled") || !strings.Contains(e.Message, "stl_cancelled") {
+			t.Fatalf("got %+v", e)
+		}
 	})
 }
 
@@ -279,7 +292,7 @@ func TestMeterEventCancel(t *testing.T) {
 	clk.Add(25 * time.Hour)
 	lateVoid := voidOf(late, rec.ID, "stl_latevoid")
 	e := class(t, func() error { _, err := c.Submit(ctx, lateVoid); return err }())
-	if e.Class != billing.Terminal || !strings.Contains(e.Message, "24 hours") || !strings.Contains(e.Message, "refund an amount") {
+	if e.Class != billing.Terminal || !strings.Contains(e.Message, "24 hours") || !strings.Contains(e.Message, "Stripe dashboard") {
 		t.Fatalf("got %+v", e)
 	}
 	if n := fake.Charges(late.IdempotencyKey); n != 1 {
