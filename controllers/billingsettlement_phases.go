@@ -615,7 +615,11 @@ func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementSc
 				return res, err
 			}
 			if held.why != "" {
-				r.cond(s.bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, ReasonBillingProviderNotFound, held.why)
+				reason := held.reason
+				if reason == "" {
+					reason = ReasonBillingProviderNotFound
+				}
+				r.cond(s.bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, reason, held.why)
 				return ctrl.Result{RequeueAfter: held.recheck}, nil
 			}
 		case actLookup:
@@ -681,6 +685,7 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 	now := metav1.NewTime(s.now)
 	if st.FirstSubmittedAt == nil {
 		st.FirstSubmittedAt = &now
+		s.dateUsage()
 	}
 	if st.ReversesRef == "" && bs.Spec.Reverses != "" {
 		// What a compensation cancels, deletes or credits is named once: a resend or a
@@ -700,7 +705,11 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 		bs.Status = *s.before.Status.DeepCopy()
 		return observation{}, providerHold{}, fmt.Errorf("record attempt of billingsettlement %s: %w", bs.Name, err)
 	}
-	if hold, err := r.providerGoing(ctx, s, prior); err != nil || hold.why != "" {
+	hold, err := r.providerGoing(ctx, s, prior)
+	if err == nil && hold.why == "" {
+		hold = lateForKey(s, prior, r.now())
+	}
+	if err != nil || hold.why != "" {
 		bracketed := bs.DeepCopy()
 		bs.Status = *s.before.Status.DeepCopy() // no call was made: exactly as before
 		if _, perr := patchStatus(ctx, r.Client, bs, bracketed, true); perr != nil {
@@ -716,7 +725,14 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 	}
 	s.before = bs.DeepCopy()
 
-	req := s.request()
+	// Judged by the clock now, after the writes above: a dated request must arrive in
+	// time, and is abandoned at datedUntil.
+	req := s.requestAt(r.now())
+	if !req.OccurredAt.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, st.DatedUntil.Time)
+		defer cancel()
+	}
 	called := time.Now()
 	rec, err := s.client.Submit(ctx, req)
 	observeBillingCall(bs.Namespace, bs.Spec.BillingProviderRef, "submit", called, err)
@@ -729,10 +745,30 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 }
 
 // providerHold says why nothing may be sent through a BillingProvider now ("" when it
-// may) and when to look again.
+// may) and when to look again; reason is the Ready reason (BillingProviderNotFound when
+// empty).
 type providerHold struct {
 	why     string
 	recheck time.Duration
+	reason  string
+}
+
+// lateForKey holds a resend of what may already be at the provider that could arrive
+// after the provider's key window, judged by the clock right before the call: the
+// decision to resend used the reconcile's clock, and the status writes since have no
+// deadline of their own. Past the window the provider no longer deduplicates, so the
+// resend could charge twice; the next reconcile asks first.
+func lateForKey(s *settlementScope, prior hooksv1alpha1.Exposure, now time.Time) providerHold {
+	first := s.before.Status.FirstSubmittedAt
+	if prior != hooksv1alpha1.ExposurePossible || first == nil {
+		return providerHold{}
+	}
+	arrive := now.Add(s.policy.requestTimeout + dateSkew)
+	if arrive.Before(first.Add(s.policy.keyWindow)) {
+		return providerHold{}
+	}
+	return providerHold{why: "the resend could reach the provider after its idempotency window since the first attempt; " +
+		"nothing was sent: asking by key again", recheck: time.Second, reason: hooksv1alpha1.ReasonOutcomeUnknown}
 }
 
 // providerGoing reads the BillingProvider live and says whether something may be sent
@@ -742,19 +778,19 @@ func (r *BillingSettlementReconciler) providerGoing(ctx context.Context, s *sett
 	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: s.bs.Namespace, Name: s.bs.Spec.BillingProviderRef}, &bp)
 	switch {
 	case apierrors.IsNotFound(err):
-		return providerHold{fmt.Sprintf("BillingProvider %q is gone; nothing is sent", s.bs.Spec.BillingProviderRef), waitForReference}, nil
+		return providerHold{why: fmt.Sprintf("BillingProvider %q is gone; nothing is sent", s.bs.Spec.BillingProviderRef), recheck: waitForReference}, nil
 	case err != nil:
 		return providerHold{}, fmt.Errorf("get billingprovider %s: %w", s.bs.Spec.BillingProviderRef, err)
 	case !bp.DeletionTimestamp.IsZero() && prior != hooksv1alpha1.ExposurePossible:
 		// A resend of what may already be there (same key) finishes the job; new
 		// exposure through a provider being deleted is not taken.
-		return providerHold{fmt.Sprintf("BillingProvider %q is being deleted; nothing new is sent through it", bp.Name), waitForReference}, nil
+		return providerHold{why: fmt.Sprintf("BillingProvider %q is being deleted; nothing new is sent through it", bp.Name), recheck: waitForReference}, nil
 	case bp.UID != s.provider.UID:
-		return providerHold{fmt.Sprintf("BillingProvider %q was replaced; looking again", bp.Name), waitForReference}, nil
+		return providerHold{why: fmt.Sprintf("BillingProvider %q was replaced; looking again", bp.Name), recheck: waitForReference}, nil
 	case !controllerutil.ContainsFinalizer(&bp, hooksv1alpha1.FinalizerBillingProviderInUse):
 		// Its deletion would not wait for this settlement yet: the BillingProvider
 		// controller puts the finalizer on at its first reconcile, moments from now.
-		return providerHold{fmt.Sprintf("BillingProvider %q is not protected from deletion yet; sending in a moment", bp.Name), time.Second}, nil
+		return providerHold{why: fmt.Sprintf("BillingProvider %q is not protected from deletion yet; sending in a moment", bp.Name), recheck: time.Second}, nil
 	}
 	return providerHold{}, nil
 }
@@ -780,9 +816,53 @@ func (r *BillingSettlementReconciler) lookup(ctx context.Context, s *settlementS
 	return recordObservation(req, rec, false)
 }
 
-// request is what this settlement sends (and is compared with).
+// request is what this settlement asks about (and is compared with).
 func (s *settlementScope) request() billing.Request {
-	return requestOf(s.bs, s.reverses, s.reversesRef)
+	return s.requestAt(s.now)
+}
+
+// dateSkew is the clock skew allowed between this manager and the provider when a
+// dated request must arrive before a bound.
+const dateSkew = time.Minute
+
+// requestAt is the request as sent at now: dated at its pinned usage time only if it
+// reaches the provider — by now + requestTimeout + dateSkew at the latest — before
+// datedUntil, and before the bound the adapter gives today (a grace period lowered
+// since, or a meter no longer dated). Otherwise undated: the provider could accept a
+// late dated one and never bill it, and under the same key it refuses an undated one
+// if the dated one was received (the settlement then stops for a human).
+func (s *settlementScope) requestAt(now time.Time) billing.Request {
+	req := requestOf(s.bs, s.reverses, s.reversesRef)
+	st := &s.bs.Status
+	if st.UsageDatedAt == nil || st.DatedUntil == nil || s.bs.Spec.Usage == nil || s.client == nil {
+		return req
+	}
+	arrive := now.Add(s.policy.requestTimeout + dateSkew)
+	if !arrive.Before(st.DatedUntil.Time) {
+		return req
+	}
+	if d, ok := billing.UsageDaterOf(s.client); !ok || d.DateUsage(s.bs.Spec.Usage.Meter, st.UsageDatedAt.Time, arrive).IsZero() {
+		return req
+	}
+	req.OccurredAt = st.UsageDatedAt.Time
+	return req
+}
+
+// dateUsage pins, at a usage charge's first attempt, whether and until when it is sent
+// dated at spec.occurredAt, as its adapter says (billing.UsageDater).
+func (s *settlementScope) dateUsage() {
+	bs, st := s.bs, &s.bs.Status
+	if bs.Spec.Usage == nil || bs.Spec.OccurredAt == nil || bs.Spec.Reverses != "" || st.UsageDatedAt != nil || s.client == nil {
+		return
+	}
+	d, ok := billing.UsageDaterOf(s.client)
+	if !ok {
+		return
+	}
+	if until := d.DateUsage(bs.Spec.Usage.Meter, bs.Spec.OccurredAt.Time, s.now); !until.IsZero() {
+		at, u := *bs.Spec.OccurredAt, metav1.NewTime(until)
+		st.UsageDatedAt, st.DatedUntil = &at, &u
+	}
 }
 
 // recordObservation turns a provider record into an observation, comparing it with

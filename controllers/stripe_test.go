@@ -172,6 +172,46 @@ var _ = Describe("a Stripe billing provider (issue 15)", func() {
 			HaveField("Timestamp", BeNumerically(">=", sent)))), "no timestamp sent: Stripe dates it at receipt")
 	})
 
+	It("dates a meter event at the job's completion for a meter that asks, only within the grace period", func() {
+		ns := stripeTenant(func(bp *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
+			wp.Spec.Routes[0].Operations[0].JobCompletion.CompletedAt = ".data.completed_at"
+			bp.Spec.Stripe.Meters[0].Timestamp = hooksv1alpha1.StripeTimestampCompletion
+		})
+		job := func(id string, ago time.Duration) (time.Time, int64) {
+			at := time.Now().Add(-ago).UTC().Truncate(time.Second)
+			sent := time.Now().Add(-time.Second).Unix()
+			sendOK(ns, "msg_"+id, fmt.Sprintf(
+				`{"type":"job.completed","data":{"job_id":%q,"version":1,"state":"succeeded","customer":"cus_%s","tokens":9,"completed_at":%q}}`,
+				id, id, at.Format(time.RFC3339)))
+			Eventually(settlementState(ns, id)).Should(Equal(hooksv1alpha1.SettlementSettled))
+			return at, sent
+		}
+		event := func(bs *hooksv1alpha1.BillingSettlement) fakestripe.MeterEvent {
+			for _, e := range fake.MeterEvents() {
+				if e.Identifier == bs.Spec.IdempotencyKey {
+					return e
+				}
+			}
+			Fail("no meter event for " + bs.Name)
+			return fakestripe.MeterEvent{}
+		}
+		// Ten minutes ago, inside the default 1 h grace period less the margin: dated.
+		at, _ := job("job-recent", 10*time.Minute)
+		recent := settlementOf(ns, "job-recent")
+		Expect(recent.Spec.OccurredAt).NotTo(BeNil())
+		Expect(recent.Status.UsageDatedAt).NotTo(BeNil())
+		Expect(recent.Status.UsageDatedAt.Time.Equal(at)).To(BeTrue(), "pinned at the completion")
+		Expect(recent.Status.DatedUntil.Time.Equal(at.Add(time.Hour - stripebilling.DateMargin))).To(BeTrue())
+		Expect(event(recent).Timestamp).To(Equal(at.Unix()))
+		// Three hours ago: past the grace period, so dated at receipt — dated at its
+		// completion, Stripe could accept it for a finalized invoice and never bill it.
+		_, sent := job("job-late", 3*time.Hour)
+		late := settlementOf(ns, "job-late")
+		Expect(late.Spec.OccurredAt).NotTo(BeNil())
+		Expect(late.Status.UsageDatedAt).To(BeNil())
+		Expect(event(late).Timestamp).To(BeNumerically(">=", sent))
+	})
+
 	It("reports an invoice item Stripe no longer lists and cannot find among 1,000 newer ones for review", func() {
 		// The lookup cannot answer (not Unreadable): a finding, never a confirmation.
 		ns := stripeTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {

@@ -296,6 +296,10 @@ func liveUsageSpan(bs *hooksv1alpha1.BillingSettlement, reversed bool) (usageSpa
 	if st.FirstSubmittedAt != nil {
 		s.from = st.FirstSubmittedAt.Time
 	}
+	if st.UsageDatedAt != nil && st.UsageDatedAt.Time.Before(s.from) {
+		// Dated at its usage time: the provider totals it there, before it was sent.
+		s.from = st.UsageDatedAt.Time
+	}
 	if st.State == hooksv1alpha1.SettlementSettled && exposure == hooksv1alpha1.ExposureConfirmed && st.SettledAt != nil {
 		// Where an older operator sent it is not recorded: counted, as uncertain.
 		s.to, s.settled = st.SettledAt.Time, !reversed && st.SentTo != nil

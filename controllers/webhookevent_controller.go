@@ -360,9 +360,10 @@ func (r *WebhookEventReconciler) dispatch(ctx context.Context, ev *hooksv1alpha1
 	// reported is the version of each job this event reports: its settlement is the
 	// job's charge only while no newer version exists.
 	reported := map[string]int64{}
+	completedAt := map[string]*metav1.Time{} // of the version reported
 	for _, f := range ev.Spec.JobCompletions {
 		if v, seen := reported[f.JobID]; !seen || f.Version > v {
-			reported[f.JobID] = f.Version
+			reported[f.JobID], completedAt[f.JobID] = f.Version, f.CompletedAt
 		}
 	}
 	for _, op := range ops {
@@ -385,7 +386,7 @@ func (r *WebhookEventReconciler) dispatch(ctx context.Context, ev *hooksv1alpha1
 		}
 		job := jobReport{id: f.JobID, superseded: f.JobID != "" && superseded[f.JobID]}
 		job.version, job.reported = reported[f.JobID]
-		job.firstSeen = firstSeen[f.JobID]
+		job.firstSeen, job.completedAt = firstSeen[f.JobID], completedAt[f.JobID]
 		op, err := r.settlement(ctx, ev, f, recorded[string(hooksv1alpha1.OperationBillingSettlement)+"/"+f.SettlementKey], job)
 		errs = append(errs, err)
 		ops = append(ops, withError(op, err))
@@ -619,6 +620,9 @@ type jobReport struct {
 	// created it (the job was never seen): its default-key settlement then carries
 	// it as its fresh-for-job annotation and is sent without a lookup first.
 	firstSeen string
+	// completedAt is when the reported completion happened, if the sender said: a
+	// usage settlement of the job carries it (spec.occurredAt).
+	completedAt *metav1.Time
 }
 
 // newerCompletion returns the job's current completion version when it is newer than
@@ -725,6 +729,9 @@ func supersededOutcome(op hooksv1alpha1.OperationStatus, job jobReport, current 
 func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alpha1.WebhookEvent,
 	f *hooksv1alpha1.SettlementFacts, prev hooksv1alpha1.OperationStatus, job jobReport) (hooksv1alpha1.OperationStatus, error) {
 	want := NewSettlement(ev, f)
+	if f.Usage != nil && job.completedAt != nil {
+		want.Spec.OccurredAt = job.completedAt.DeepCopy()
+	}
 	if job.firstSeen != "" && f.SettlementKey == identity.JobSettlementKey(ev.Namespace, ev.Spec.Provider, f.JobID) {
 		want.Annotations = map[string]string{hooksv1alpha1.AnnotationFreshForJob: job.firstSeen}
 	}
@@ -900,6 +907,10 @@ func NewSettlement(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.SettlementFa
 func sameCharge(a, b hooksv1alpha1.BillingSettlementSpec) bool {
 	a.SourceEvent, b.SourceEvent = "", ""
 	a.Metadata, b.Metadata = nil, nil
+	// When the usage happened dates it, it does not change it: a settlement created
+	// before occurredAt existed, or by another completion of the job, is the same
+	// charge.
+	a.OccurredAt, b.OccurredAt = nil, nil
 	if sameOperation(a.SettlementKey, b.SettlementKey) {
 		a.SettlementKey, b.SettlementKey = "", ""
 		a.IdempotencyKey, b.IdempotencyKey = "", ""

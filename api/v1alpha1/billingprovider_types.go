@@ -39,7 +39,22 @@ type StripeSettings struct {
 	Meters []StripeMeter `json:"meters,omitempty"`
 }
 
+// StripeTimestamp says how a meter event is dated.
+// +kubebuilder:validation:Enum=Receipt;Completion
+type StripeTimestamp string
+
+const (
+	// StripeTimestampReceipt: no timestamp is sent; Stripe dates the event when it
+	// receives it, so it is always billed (at worst in the period after the job's).
+	StripeTimestampReceipt StripeTimestamp = "Receipt"
+	// StripeTimestampCompletion: the event is dated at the job's completion, but only
+	// while Stripe still bills it there: see StripeMeter.gracePeriod.
+	StripeTimestampCompletion StripeTimestamp = "Completion"
+)
+
 // StripeMeter is one Stripe Billing Meter that usage is reported to.
+// +kubebuilder:validation:XValidation:rule="!has(self.gracePeriod) || (has(self.timestamp) && self.timestamp == 'Completion')",message="gracePeriod applies only with timestamp: Completion"
+// +kubebuilder:validation:XValidation:rule="!has(self.gracePeriod) || (duration(self.gracePeriod) >= duration('15m') && duration(self.gracePeriod) <= duration('72h'))",message="gracePeriod is Stripe's invoice finalization grace period: between 15m and 72h (Stripe allows 1h to 72h)"
 type StripeMeter struct {
 	// meter is the usage meter as settlements name it (spec.usage.meter).
 	// +required
@@ -68,6 +83,22 @@ type StripeMeter struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=100
 	ValueKey string `json:"valueKey,omitempty"`
+
+	// timestamp says how events of this meter are dated: Receipt (the default) lets
+	// Stripe date an event when it receives it; Completion dates it at the job's
+	// completion. Stripe bills an event dated in a past billing period only until that
+	// period's invoice is finalized (its grace period) and accepts it silently after,
+	// so with Completion an event is dated only when its first attempt is well inside
+	// gracePeriod of the completion, and never sent so dated after that (a later
+	// attempt goes undated); a job reported later is dated at receipt.
+	// +optional
+	Timestamp StripeTimestamp `json:"timestamp,omitempty"`
+
+	// gracePeriod is the Stripe account's invoice finalization grace period (Billing
+	// settings: 1 hour by default, up to 72 hours), with timestamp: Completion. Set it
+	// no longer than the account's. Default 1h.
+	// +optional
+	GracePeriod *metav1.Duration `json:"gracePeriod,omitempty"`
 }
 
 // FinalizerBillingProviderInUse is put on every BillingProvider by its controller and

@@ -203,6 +203,12 @@ type BillingSettlementSpec struct {
 	// +kubebuilder:validation:MaxLength=256
 	JobID string `json:"jobID,omitempty"`
 
+	// occurredAt is when the billed usage happened (the job's completion, as its
+	// sender reported it). A provider that dates usage may date the charge at it
+	// (Stripe, for a meter with timestamp: Completion); the others ignore it.
+	// +optional
+	OccurredAt *metav1.Time `json:"occurredAt,omitempty"`
+
 	// webhookProvider is the WebhookProvider whose event caused it, if any.
 	// +optional
 	// +kubebuilder:validation:MaxLength=63
@@ -341,6 +347,19 @@ type BillingSettlementStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=256
 	ProviderRef string `json:"providerRef,omitempty"`
+
+	// usageDatedAt is when a usage charge was dated at its provider (the job's
+	// completion), pinned at its first attempt; empty when the provider dates it at
+	// receipt. Every attempt before datedUntil sends the same time.
+	// +optional
+	UsageDatedAt *metav1.Time `json:"usageDatedAt,omitempty"`
+
+	// datedUntil is the last moment the charge is sent dated at usageDatedAt: the
+	// provider could accept a later one and never bill it, so later attempts go
+	// undated (under the same key, the provider refuses them if the first was
+	// received, and a human looks).
+	// +optional
+	DatedUntil *metav1.Time `json:"datedUntil,omitempty"`
 
 	// reversesRef is, for a Refund or Void, the provider's ID of the settlement it
 	// reverses, pinned when it is first sent: every later attempt and lookup names

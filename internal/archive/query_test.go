@@ -326,6 +326,11 @@ func TestSettledUsage(t *testing.T) {
 	must(t, s.ArchiveSettlement(ctx, at("straddles-start", noon.Add(-2*time.Minute), noon.Add(time.Minute))))
 	must(t, s.ArchiveSettlement(ctx, at("settled-before", noon.Add(-2*time.Hour), noon.Add(-time.Hour-time.Second))))
 	must(t, s.ArchiveSettlement(ctx, at("submitted-after", noon.Add(2*time.Hour), noon.Add(2*time.Hour))))
+	// Sent after the window, but dated at its usage time inside it: Stripe totals it there.
+	dated := at("dated-earlier", noon.Add(2*time.Hour), noon.Add(2*time.Hour))
+	datedAt := metav1.NewTime(noon.Add(-30 * time.Minute))
+	dated.Status.UsageDatedAt = &datedAt
+	must(t, s.ArchiveSettlement(ctx, dated))
 	failed := at("failed", noon, noon)
 	failed.Status.State, failed.Status.SettledAt, failed.Status.Exposure = hooksv1alpha1.SettlementFailed, nil, hooksv1alpha1.ExposureNone
 	must(t, s.ArchiveSettlement(ctx, failed))
@@ -356,7 +361,7 @@ func TestSettledUsage(t *testing.T) {
 			u.FirstSubmittedAt.UTC().Format("15:04:05"), u.SettledAt.UTC().Format("15:04:05"), u.Reversed, u.SentTo.BillingProviderUID))
 		return nil
 	}))
-	want := "[credited uid-credited cus_1 tokens 1523 12:00:00-12:00:00 false bp-1 in uid-in cus_1 tokens 12.50 12:00:00-12:00:01 false bp-1 " +
+	want := "[credited uid-credited cus_1 tokens 1523 12:00:00-12:00:00 false bp-1 dated-earlier uid-dated-earlier cus_1 tokens 1523 11:30:00-14:00:00 false bp-1 in uid-in cus_1 tokens 12.50 12:00:00-12:00:01 false bp-1 " +
 		"reversed uid-reversed cus_1 tokens 1523 12:00:00-12:00:00 true bp-1 straddles-start uid-straddles-start cus_1 tokens 1523 11:58:00-12:01:00 false bp-1]"
 	if fmt.Sprint(got) != want {
 		t.Fatalf("got  %v\nwant %s", got, want)

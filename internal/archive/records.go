@@ -528,15 +528,19 @@ func (s *Store) SettledUsage(ctx context.Context, namespace, billingProvider str
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
+	// A usage charge dated at its usage time (status.usageDatedAt) is in Stripe's totals
+	// at that time, which may be before its first attempt.
 	rows, err := s.pool.Query(ctx, `SELECT s.name, s.uid, s.customer, s.usage_meter, s.usage_quantity::text,
-			COALESCE(s.first_submitted_at, s.created_at), s.settled_at,
+			LEAST(COALESCE(s.first_submitted_at, s.created_at), COALESCE((s.object->'status'->>'usageDatedAt')::timestamptz, 'infinity')),
+			s.settled_at,
 			EXISTS (SELECT 1 FROM settlements r WHERE r.namespace = s.namespace AND r.reverses <> '' AND r.reverses = s.name
 				AND r.exposure <> 'None' AND (r.type = 'Void' OR (r.type = 'Refund' AND r.amount_minor IS NULL))),
 			COALESCE(s.object->'status'->'sentTo', '{}'::jsonb)
 		FROM settlements s
 		WHERE s.archived_at >= $3::timestamptz - interval '1 hour' AND s.namespace = $1 AND s.billing_provider = $2
 			AND s.type = 'Charge' AND s.usage_meter IS NOT NULL AND s.usage_quantity IS NOT NULL AND s.state = 'Settled'
-			AND s.settled_at >= $3 AND COALESCE(s.first_submitted_at, s.created_at) < $4
+			AND s.settled_at >= $3 AND LEAST(COALESCE(s.first_submitted_at, s.created_at),
+				COALESCE((s.object->'status'->>'usageDatedAt')::timestamptz, 'infinity')) < $4
 		ORDER BY s.name`, namespace, billingProvider, since.UTC(), until.UTC())
 	if err != nil {
 		return fmt.Errorf("list archived usage: %w", err)

@@ -167,6 +167,21 @@ func UsageTotalsOf(c Client) (UsageTotaler, bool) {
 	return t, ok
 }
 
+// UsageDater is a Client whose provider dates usage (Stripe's meter events) and may be
+// told when it happened. DateUsage is asked once, at a usage charge's first attempt:
+// it returns until when the charge may be sent dated at occurredAt, or zero to let the
+// provider date it at receipt. The caller pins both, since the date is part of what
+// the provider compares under the key, and sends later attempts undated.
+type UsageDater interface {
+	DateUsage(meter string, occurredAt, now time.Time) (until time.Time)
+}
+
+// UsageDaterOf returns c's UsageDater, under any wrappers.
+func UsageDaterOf(c Client) (UsageDater, bool) {
+	d, ok := Unwrap(c).(UsageDater)
+	return d, ok
+}
+
 // SettledVoider is a Client whose provider can still cancel a record after it
 // settled (Stripe: a meter event within 24 hours of receipt, an invoice item until it
 // is invoiced), so a Void of a settled charge may be sent; the adapter refuses it,

@@ -522,6 +522,21 @@ var _ = Describe("BillingProvider validation", func() {
 		many.Spec.Stripe.Meters = []hooksv1alpha1.StripeMeter{{Meter: "a", EventName: "a_used", ID: "mtr_1"},
 			{Meter: "b", EventName: "b_used", ID: "mtr_2"}, {Meter: "c", EventName: "c_used"}, {Meter: "d", EventName: "d_used"}}
 		Expect(k8s.Create(ctx, many)).To(Succeed(), "distinct meters, two without an id")
+		// Dated at completion: the grace period only with it, and within Stripe's range.
+		graceAlone := stripe("stripe-grace-alone", time.Hour)
+		graceAlone.Spec.Stripe.Meters[0].GracePeriod = &metav1.Duration{Duration: time.Hour}
+		expectInvalid(k8s.Create(ctx, graceAlone), "gracePeriod applies only with timestamp: Completion")
+		graceLong := stripe("stripe-grace-long", time.Hour)
+		graceLong.Spec.Stripe.Meters[0].Timestamp = hooksv1alpha1.StripeTimestampCompletion
+		graceLong.Spec.Stripe.Meters[0].GracePeriod = &metav1.Duration{Duration: 73 * time.Hour}
+		expectInvalid(k8s.Create(ctx, graceLong), "between 15m and 72h")
+		dated := stripe("stripe-dated", time.Hour)
+		dated.Spec.Stripe.Meters[0].Timestamp = hooksv1alpha1.StripeTimestampCompletion
+		dated.Spec.Stripe.Meters[0].GracePeriod = &metav1.Duration{Duration: 72 * time.Hour}
+		Expect(k8s.Create(ctx, dated)).To(Succeed())
+		badTimestamp := stripe("stripe-bad-timestamp", time.Hour)
+		badTimestamp.Spec.Stripe.Meters[0].Timestamp = "Job"
+		expectInvalid(k8s.Create(ctx, badTimestamp), "Unsupported value")
 	})
 
 	It("refuses a backoff that starts above its cap", func() {

@@ -67,7 +67,12 @@ func newStripe(s Settings) (billing.Client, error) {
 	meters := map[string]stripebilling.Meter{}
 	if st := s.Provider.Spec.Stripe; st != nil {
 		for _, m := range st.Meters {
-			meters[m.Meter] = stripebilling.Meter{EventName: m.EventName, ID: m.ID, CustomerKey: m.CustomerKey, ValueKey: m.ValueKey}
+			meter := stripebilling.Meter{EventName: m.EventName, ID: m.ID, CustomerKey: m.CustomerKey, ValueKey: m.ValueKey,
+				DateAtCompletion: m.Timestamp == hooksv1alpha1.StripeTimestampCompletion}
+			if m.GracePeriod != nil {
+				meter.GracePeriod = m.GracePeriod.Duration
+			}
+			meters[m.Meter] = meter
 		}
 	}
 	return stripebilling.New(stripebilling.Config{Endpoint: s.Provider.Spec.Endpoint, APIKey: s.Token, Timeout: s.Timeout, Meters: meters})

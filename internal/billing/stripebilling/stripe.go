@@ -74,7 +74,21 @@ type Meter struct {
 	// CustomerKey and ValueKey are the meter's payload keys (Stripe's defaults
 	// stripe_customer_id and value when empty).
 	CustomerKey, ValueKey string
+	// DateAtCompletion dates events at the usage's time (the job's completion) while
+	// Stripe still bills them there (DateUsage); false lets Stripe date them at receipt.
+	DateAtCompletion bool
+	// GracePeriod is the account's invoice finalization grace period
+	// (DefaultGracePeriod when zero).
+	GracePeriod time.Duration
 }
+
+// DefaultGracePeriod is Stripe's default invoice finalization grace period.
+const DefaultGracePeriod = time.Hour
+
+// DateMargin keeps a dated event clear of the end of the grace period: the reconcile
+// that sends it, the request (requestTimeout ≤ 1m) and clock skew between replicas
+// and Stripe all fit in it.
+const DateMargin = 10 * time.Minute
 
 // Config configures a client.
 type Config struct {
@@ -484,6 +498,28 @@ func (c *Client) LookupRequest(ctx context.Context, r billing.Request) (billing.
 			"be read back): look for it in the Stripe dashboard (Billing → Meters → the meter's events); if it is there, the charge " +
 			"is done; if not, report the usage to Stripe yourself with this identifier (the operator does not resend past Stripe's " +
 			"24-hour key window)"}
+}
+
+// DateUsage says, at a usage charge's first attempt, until when its meter event may be
+// dated at occurredAt (zero: do not date it; Stripe dates it at receipt). Stripe bills
+// an event dated in a past billing period only until that period's invoice is
+// finalized, grace period included, and accepts it silently after: an event is dated
+// only if it reaches Stripe within the grace period of occurredAt — so within the
+// grace period of any period's end after it — less DateMargin.
+func (c *Client) DateUsage(meter string, occurredAt, now time.Time) time.Time {
+	m, ok := c.meters[meter]
+	if !ok || !m.DateAtCompletion || occurredAt.IsZero() || occurredAt.After(now) {
+		return time.Time{} // a time ahead of this clock may be further ahead of Stripe's
+	}
+	grace := m.GracePeriod
+	if grace <= 0 {
+		grace = DefaultGracePeriod
+	}
+	until := occurredAt.Add(grace - DateMargin)
+	if !now.Before(until) {
+		return time.Time{}
+	}
+	return until
 }
 
 // VoidsSettled says a Void of a settled charge may be sent: Stripe cancels a meter

@@ -764,3 +764,41 @@ func TestInvoiceItemPaging(t *testing.T) {
 		}
 	})
 }
+
+// TestDateUsage: an event is dated at the usage's time only for a meter that asks for
+// it, and only while it reaches Stripe within the grace period of that time, less the
+// margin — Stripe would accept a later one for a finalized invoice and never bill it.
+func TestDateUsage(t *testing.T) {
+	c, err := stripebilling.New(stripebilling.Config{Endpoint: "http://127.0.0.1:1", APIKey: apiKey, Meters: map[string]stripebilling.Meter{
+		"receipt":    {EventName: "r"},
+		"completion": {EventName: "c", DateAtCompletion: true},
+		"grace72h":   {EventName: "g", DateAtCompletion: true, GracePeriod: 72 * time.Hour},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		meter string
+		ago   time.Duration
+		want  time.Time // zero: not dated
+	}{
+		{"receipt", time.Minute, time.Time{}},
+		{"unknown", time.Minute, time.Time{}},
+		{"completion", 10 * time.Minute, now.Add(-10 * time.Minute).Add(time.Hour - stripebilling.DateMargin)},
+		{"completion", time.Hour - stripebilling.DateMargin - time.Second, now.Add(time.Second)},
+		{"completion", time.Hour - stripebilling.DateMargin, time.Time{}},
+		{"completion", 3 * time.Hour, time.Time{}},
+		{"completion", -10 * time.Minute, time.Time{}}, // ahead of this clock: maybe further ahead of Stripe's
+		{"completion", -time.Second, time.Time{}},
+		{"completion", 0, now.Add(time.Hour - stripebilling.DateMargin)},
+		{"grace72h", 48 * time.Hour, now.Add(-48 * time.Hour).Add(72*time.Hour - stripebilling.DateMargin)},
+	} {
+		if got := c.DateUsage(tc.meter, now.Add(-tc.ago), now); !got.Equal(tc.want) {
+			t.Errorf("%s, %s ago: until %v, want %v", tc.meter, tc.ago, got, tc.want)
+		}
+	}
+	if got := c.DateUsage("completion", time.Time{}, now); !got.IsZero() {
+		t.Errorf("no usage time: until %v, want not dated", got)
+	}
+}
