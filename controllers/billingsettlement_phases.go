@@ -859,7 +859,9 @@ func (s *settlementScope) dateUsage() {
 	if !ok {
 		return
 	}
-	if until := d.DateUsage(bs.Spec.Usage.Meter, bs.Spec.OccurredAt.Time, s.now); !until.IsZero() {
+	// Judged as requestAt judges each attempt: by when it could arrive.
+	arrive := s.now.Add(s.policy.requestTimeout + dateSkew)
+	if until := d.DateUsage(bs.Spec.Usage.Meter, bs.Spec.OccurredAt.Time, arrive); !until.IsZero() {
 		at, u := *bs.Spec.OccurredAt, metav1.NewTime(until)
 		st.UsageDatedAt, st.DatedUntil = &at, &u
 	}

@@ -39,6 +39,13 @@ func TestUsageDating(t *testing.T) {
 	if got := s.request().OccurredAt; !got.Equal(done.Time) {
 		t.Fatalf("sent dated %v, want %v", got, done)
 	}
+	// Not pinned when the first attempt could arrive after the bound.
+	late := &settlementScope{bs: &hooksv1alpha1.BillingSettlement{Spec: *bs.Spec.DeepCopy()}, now: now.Add(39*time.Minute + 30*time.Second),
+		client: dater{until: now.Add(40 * time.Minute)}, policy: retryPolicy{requestTimeout: time.Second}}
+	late.dateUsage()
+	if late.bs.Status.UsageDatedAt != nil {
+		t.Fatalf("pinned %v for a first attempt that could arrive after the bound", late.bs.Status.UsageDatedAt)
+	}
 	// The adapter's answer is asked once: later it would say otherwise.
 	s.client = dater{}
 	s.dateUsage()
