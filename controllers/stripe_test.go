@@ -153,7 +153,7 @@ var _ = Describe("a Stripe billing provider (issue 15)", func() {
 		Expect(fake.MeterEvents()).To(BeEmpty())
 	})
 
-	It("lets Stripe date a meter event at receipt, not at the job's completion (docs/decisions.md)", func() {
+	It("lets Stripe date a meter event at receipt by default, not at the job's completion (docs/decisions.md)", func() {
 		ns := stripeTenant(func(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
 			wp.Spec.Routes[0].Operations[0].JobCompletion.CompletedAt = ".data.completed_at"
 		})
