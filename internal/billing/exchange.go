@@ -81,13 +81,21 @@ func send(req *http.Request, mutating bool, do func(*http.Request) (*http.Respon
 	// provider may have read and committed (the envtest of a provider re-pointed while
 	// money may be at the first found exactly that). GetConn fires only for transports
 	// that support httptrace (net/http's); for others we fall back to recognising dial
-	// errors.
+	// errors. An attempt counts as unwritten only once its write has failed: HTTP/2
+	// writes on a goroutine of its own and reports the write after flushing it, so a
+	// request can be on the wire, and RoundTrip return on a deadline, before the report
+	// (a helper review reproduced it); each connection obtained (GotConn, on the
+	// caller's goroutine before any byte) must be matched by a failed write.
 	var askedConn, wrote atomic.Bool
+	var conns, failed atomic.Int32
 	trace := &httptrace.ClientTrace{
 		GetConn: func(string) { askedConn.Store(true) },
+		GotConn: func(httptrace.GotConnInfo) { conns.Add(1) },
 		WroteRequest: func(i httptrace.WroteRequestInfo) {
 			if i.Err == nil {
 				wrote.Store(true)
+			} else {
+				failed.Add(1)
 			}
 		},
 	}
@@ -97,7 +105,7 @@ func send(req *http.Request, mutating bool, do func(*http.Request) (*http.Respon
 	}
 	resp, err := do(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
 	if err != nil {
-		notSent := askedConn.Load() && !wrote.Load() || !askedConn.Load() && isDialError(err)
+		notSent := askedConn.Load() && !wrote.Load() && conns.Load() <= failed.Load() || !askedConn.Load() && isDialError(err)
 		return nil, transportError(err, notSent, mutating)
 	}
 	return resp, nil
