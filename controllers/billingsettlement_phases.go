@@ -277,7 +277,7 @@ func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *se
 		return ctrl.Result{RequeueAfter: wait}, nil
 	}
 	s.client = c
-	s.target.Mode = adapters.Mode(c)
+	s.target = targetFor(&bp, c)
 	// The original's key travels in every request and every comparison.
 	if s.reverses, s.reversesRef, err = reversedKey(ctx, r.Client, r.Archive, bs); err != nil {
 		return ctrl.Result{}, err
@@ -300,11 +300,16 @@ func reversedKey(ctx context.Context, reader client.Reader, store *archive.Store
 	if err != nil {
 		return "", "", fmt.Errorf("get reversed settlement %s: %w", bs.Spec.Reverses, err)
 	}
-	ref = orig.Status.ProviderRef
+	return orig.Spec.SettlementKey, reversesRefOf(bs, orig), nil
+}
+
+// reversesRefOf is what compensation bs names at the provider: the reference pinned at
+// its first attempt, else orig's.
+func reversesRefOf(bs, orig *hooksv1alpha1.BillingSettlement) string {
 	if bs.Status.ReversesRef != "" {
-		ref = bs.Status.ReversesRef
+		return bs.Status.ReversesRef
 	}
-	return orig.Spec.SettlementKey, ref, nil
+	return orig.Status.ProviderRef
 }
 
 // resolveProviderIfHeld resolves the provider for a settlement being deleted only if
@@ -335,6 +340,13 @@ func targetOf(bp *hooksv1alpha1.BillingProvider) hooksv1alpha1.ProviderTarget {
 	}
 	return hooksv1alpha1.ProviderTarget{Endpoint: bp.Spec.Endpoint, BillingProviderUID: string(bp.UID),
 		CredentialsSecret: ref.Name + "/" + key}
+}
+
+// targetFor is targetOf with the key mode bp's adapter c reports (a Stripe key's).
+func targetFor(bp *hooksv1alpha1.BillingProvider, c billing.Client) hooksv1alpha1.ProviderTarget {
+	t := targetOf(bp)
+	t.Mode = adapters.Mode(c)
+	return t
 }
 
 // guardCompensation holds a Refund or Void, before every submission of it (the first, and
@@ -405,10 +417,7 @@ func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *
 				orig.Name, total, charged.Minor, charged.Currency))
 		}
 	}
-	s.reverses, s.reversesRef = orig.Spec.SettlementKey, orig.Status.ProviderRef
-	if pinned != "" {
-		s.reversesRef = pinned
-	}
+	s.reverses, s.reversesRef = orig.Spec.SettlementKey, reversesRefOf(bs, &orig)
 	return ctrl.Result{}, nil
 }
 
@@ -520,7 +529,7 @@ func compensationRefusal(bs, orig *hooksv1alpha1.BillingSettlement, voidsSettled
 			return why
 		}
 		if st != hooksv1alpha1.SettlementSettled {
-			if st == hooksv1alpha1.SettlementFailed && EffectiveExposure(&orig.Status) == hooksv1alpha1.ExposureNone {
+			if movedNothing(orig) {
 				return fmt.Sprintf("%s failed: nothing was charged, so there is nothing to refund", orig.Name)
 			}
 			return fmt.Sprintf("a Refund is sent only once %s has settled (it is %s); use a Void while it has not", orig.Name, orNew(st))
@@ -535,7 +544,7 @@ func compensationRefusal(bs, orig *hooksv1alpha1.BillingSettlement, voidsSettled
 			return fmt.Sprintf("%s has settled: a Void can no longer cancel it; use a Refund", orig.Name)
 		case voidsSettled && !reversesWhole(bs, orig):
 			return fmt.Sprintf("a Void cancels the whole of %s at the provider: its usage and amount must be the charge's", orig.Name)
-		case st == hooksv1alpha1.SettlementFailed && EffectiveExposure(&orig.Status) == hooksv1alpha1.ExposureNone:
+		case movedNothing(orig):
 			return fmt.Sprintf("%s failed: nothing was charged, so there is nothing to void", orig.Name)
 		case orig.Status.FirstSubmittedAt == nil:
 			return fmt.Sprintf("waiting until %s has been sent to the provider", orig.Name)

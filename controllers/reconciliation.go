@@ -18,7 +18,6 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
-	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 )
 
@@ -800,8 +799,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 
 	// Local settled but unknown to the provider: those settled in the window that the
 	// list did not show are asked by key before anything is reported.
-	target := targetOf(bp)
-	target.Mode = adapters.Mode(c)
+	target := targetFor(bp, c)
 	sentHere := func(bs *hooksv1alpha1.BillingSettlement) bool {
 		return bs.Status.SentTo == nil || *bs.Status.SentTo == target
 	}
