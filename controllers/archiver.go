@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+
 	"context"
 	"fmt"
 	"time"
@@ -314,7 +316,7 @@ func (a *Archiver) archiveOne(kind string, newObj func() client.Object, insert f
 		noteArchive(kind, err)
 		if archive.IsConflict(err) {
 			a.Recorder.Eventf(obj, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonArchiveConflict, "Archive",
-				"not archived, kept in the cluster: %s", truncateMessage(err.Error()))
+				"not archived, kept in the cluster: %s", conditions.TruncateMessage(err.Error()))
 			log.FromContext(ctx).Error(err, "archive conflict: the record stays in the cluster", "kind", kind)
 			return ctrl.Result{RequeueAfter: 10 * time.Minute}, nil
 		}

@@ -1,6 +1,10 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
+
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+
 	"context"
 	"fmt"
 	"sort"
@@ -141,7 +145,7 @@ func (r *BillingProviderReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hooksv1alpha1.BillingProvider) (result ctrl.Result, err error) {
 	before := bp.DeepCopy()
 	defer func() {
-		if _, perr := patchStatus(ctx, r.Client, bp, before, false); perr != nil && err == nil {
+		if _, perr := statuspatch.Patch(ctx, r.Client, bp, before, false); perr != nil && err == nil {
 			err = perr
 		}
 	}()
@@ -155,11 +159,11 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 		if isCredentialRefused(err) {
 			reason = hooksv1alpha1.ReasonCredentialsNotAllowed
 			if prev := apimeta.FindStatusCondition(before.Status.Conditions, hooksv1alpha1.ConditionReady); prev == nil || prev.Reason != reason {
-				r.Recorder.Eventf(bp, nil, corev1.EventTypeWarning, reason, "CheckCredentials", "%s", truncateMessage(err.Error()))
+				r.Recorder.Eventf(bp, nil, corev1.EventTypeWarning, reason, "CheckCredentials", "%s", conditions.TruncateMessage(err.Error()))
 			}
 		}
-		setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
-			reason, truncateMessage(err.Error()))
+		conditions.Set(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+			reason, conditions.TruncateMessage(err.Error()))
 		// No call is made without usable credentials: what earlier calls said is stale,
 		// and so is the mode of a key that cannot be used.
 		apimeta.RemoveStatusCondition(&bp.Status.Conditions, hooksv1alpha1.ConditionProviderHealthy)
@@ -185,7 +189,7 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 	if err != nil {
 		// The report records the failure; the next pass comes at the usual interval
 		// rather than in a tight error loop against a provider that is down.
-		r.Recorder.Eventf(bp, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonReconciliationFailed, "Reconcile", "%s: %s", report, truncateMessage(err.Error()))
+		r.Recorder.Eventf(bp, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonReconciliationFailed, "Reconcile", "%s: %s", report, conditions.TruncateMessage(err.Error()))
 	}
 	end := metav1.NewTime(now)
 	bp.Status.LastReconciliation, bp.Status.LastReport = &end, report
@@ -216,16 +220,16 @@ func (r *BillingProviderReconciler) passInterval(uid types.UID, policy reconcili
 func (r *BillingProviderReconciler) applyHealth(bp *hooksv1alpha1.BillingProvider) {
 	status, reason, message, ok := r.Health.condition(bp.UID, bp.Generation)
 	if ok {
-		setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionProviderHealthy, status, reason, truncateMessage(message))
+		conditions.Set(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionProviderHealthy, status, reason, conditions.TruncateMessage(message))
 	} else {
 		apimeta.RemoveStatusCondition(&bp.Status.Conditions, hooksv1alpha1.ConditionProviderHealthy)
 	}
 	if ok && status == metav1.ConditionFalse {
-		setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
-			reason, truncateMessage(message+"; settlements keep retrying with the same keys"))
+		conditions.Set(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+			reason, conditions.TruncateMessage(message+"; settlements keep retrying with the same keys"))
 		return
 	}
-	setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
+	conditions.Set(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
 		hooksv1alpha1.ReasonValid, "credentials found and allowed for this endpoint; settlements are sent to "+bp.Spec.Endpoint)
 }
 
@@ -321,11 +325,11 @@ func (r *BillingProviderReconciler) reconcileDelete(ctx context.Context, bp *hoo
 	prev := apimeta.FindStatusCondition(bp.Status.Conditions, hooksv1alpha1.ConditionDeleting)
 	announce := prev == nil || prev.Status != metav1.ConditionTrue || prev.Reason != hooksv1alpha1.ReasonSettlementsInFlight
 	bp.Status.ObservedGeneration = bp.Generation
-	setCondition(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionDeleting, metav1.ConditionTrue,
+	conditions.Set(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionDeleting, metav1.ConditionTrue,
 		hooksv1alpha1.ReasonSettlementsInFlight, msg)
 	// Optimistic lock: a copy from a cache that has not seen our last write yet fails
 	// here instead of announcing the wait a second time.
-	wrote, err := patchStatus(ctx, r.Client, bp, before, true)
+	wrote, err := statuspatch.Patch(ctx, r.Client, bp, before, true)
 	if err != nil || !wrote {
 		return ctrl.Result{}, err
 	}
@@ -384,7 +388,7 @@ func deletionWaitMessage(namespace string, holders []string) string {
 		what = fmt.Sprintf("1 settlement may have moved money at this provider and has no final answer yet (%s); "+
 			"it keeps asking it by key, with its endpoint and credentials Secret, until it settles or fails", shown)
 	}
-	return truncateMessage("deletion waits: " + what + "; keep that Secret (kubectl get billingsettlements -n " + namespace + ")")
+	return conditions.TruncateMessage("deletion waits: " + what + "; keep that Secret (kubectl get billingsettlements -n " + namespace + ")")
 }
 
 // SetupWithManager registers the controller. Passes are driven by RequeueAfter;

@@ -1,6 +1,10 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
+
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+
 	"context"
 	"errors"
 	"fmt"
@@ -62,7 +66,7 @@ func (r *BillingSettlementReconciler) checkIdentity(_ context.Context, s *settle
 	if err == nil {
 		return ctrl.Result{}, nil
 	}
-	msg := truncateMessage(err.Error())
+	msg := conditions.TruncateMessage(err.Error())
 	if st.Attempts > 0 || st.FirstSubmittedAt != nil {
 		if c := findCondition(bs, hooksv1alpha1.ConditionReady); c == nil || c.Reason != hooksv1alpha1.ReasonInvalidIdentity {
 			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonInvalidIdentity, "Validate", "%s", msg)
@@ -273,7 +277,7 @@ func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *se
 		if isCredentialRefused(err) {
 			reason, wait = hooksv1alpha1.ReasonCredentialsNotAllowed, r.credentialRecheck()
 		}
-		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, reason, truncateMessage(err.Error()))
+		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, reason, conditions.TruncateMessage(err.Error()))
 		return ctrl.Result{RequeueAfter: wait}, nil
 	}
 	s.client = c
@@ -710,7 +714,7 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 		fmt.Sprintf("attempt %d sent with key %s", st.Attempts, bs.Spec.IdempotencyKey))
 	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonSubmittedToProvider,
 		fmt.Sprintf("attempt %d in flight with key %s", st.Attempts, bs.Spec.IdempotencyKey))
-	if _, err := patchStatus(ctx, r.Client, bs, s.before, true); err != nil {
+	if _, err := statuspatch.Patch(ctx, r.Client, bs, s.before, true); err != nil {
 		bs.Status = *s.before.Status.DeepCopy()
 		return observation{}, providerHold{}, fmt.Errorf("record attempt of billingsettlement %s: %w", bs.Name, err)
 	}
@@ -721,7 +725,7 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 	if err != nil || hold.why != "" {
 		bracketed := bs.DeepCopy()
 		bs.Status = *s.before.Status.DeepCopy() // no call was made: exactly as before
-		if _, perr := patchStatus(ctx, r.Client, bs, bracketed, true); perr != nil {
+		if _, perr := statuspatch.Patch(ctx, r.Client, bs, bracketed, true); perr != nil {
 			return observation{}, providerHold{}, perr // exposure stays Possible: it is only asked, never lost
 		}
 		s.before = bs.DeepCopy()
@@ -925,7 +929,7 @@ func (r *BillingSettlementReconciler) release(ctx context.Context, s *settlement
 		case archive.IsConflict(err):
 			r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonArchiveConflict,
 				"deletion is held: the archive holds other content under this settlement's name or key; it stays until a human reviews both")
-			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonArchiveConflict, "Archive", "%s", truncateMessage(err.Error()))
+			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonArchiveConflict, "Archive", "%s", conditions.TruncateMessage(err.Error()))
 			return ctrl.Result{RequeueAfter: 10 * time.Minute}, nil
 		default:
 			r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonArchiveUnavailable,
@@ -933,7 +937,7 @@ func (r *BillingSettlementReconciler) release(ctx context.Context, s *settlement
 			return ctrl.Result{RequeueAfter: archiveRetry}, nil
 		}
 	}
-	if _, err := patchStatus(ctx, r.Client, bs, s.before, false); err != nil && !apierrors.IsNotFound(err) {
+	if _, err := statuspatch.Patch(ctx, r.Client, bs, s.before, false); err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
 	}
 	if controllerutil.ContainsFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection) {

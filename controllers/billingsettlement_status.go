@@ -1,6 +1,10 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
+
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+
 	"context"
 	"fmt"
 	"strings"
@@ -21,7 +25,7 @@ import (
 // patchStatus writes the settlement's status once per reconcile, only if it changed,
 // with an optimistic lock, and counts the transition.
 func (r *BillingSettlementReconciler) patchStatus(ctx context.Context, s *settlementScope) error {
-	wrote, err := patchStatus(ctx, r.Client, s.bs, s.before, true)
+	wrote, err := statuspatch.Patch(ctx, r.Client, s.bs, s.before, true)
 	if err != nil || !wrote {
 		return err
 	}
@@ -38,7 +42,7 @@ func (r *BillingSettlementReconciler) countTransition(s *settlementScope) {
 }
 
 func (r *BillingSettlementReconciler) cond(bs *hooksv1alpha1.BillingSettlement, typ string, status metav1.ConditionStatus, reason, msg string) {
-	setCondition(&bs.Status.Conditions, bs.Generation, typ, status, reason, msg)
+	conditions.Set(&bs.Status.Conditions, bs.Generation, typ, status, reason, msg)
 }
 
 // apply copies a decision into the status and says what it means in conditions.
@@ -108,7 +112,7 @@ func (r *BillingSettlementReconciler) apply(ctx context.Context, s *settlementSc
 			if reason == "" {
 				reason = "no reason given"
 			}
-			msg = fmt.Sprintf("the provider failed %s: %s", obs.record.ID, truncateMessage(reason))
+			msg = fmt.Sprintf("the provider failed %s: %s", obs.record.ID, conditions.TruncateMessage(reason))
 		}
 		st.NextAttemptAt = nil
 		r.cond(bs, hooksv1alpha1.ConditionSettled, metav1.ConditionFalse, d.reason, msg)
@@ -116,22 +120,22 @@ func (r *BillingSettlementReconciler) apply(ctx context.Context, s *settlementSc
 		if d.deadLetter {
 			deadLetters.WithLabelValues(bs.Namespace, bs.Spec.BillingProviderRef).Inc()
 			r.cond(bs, hooksv1alpha1.ConditionDeadLettered, metav1.ConditionTrue, d.reason,
-				truncateMessage(msg+"; nothing was charged; to retry with the same key: kubectl annotate billingsettlement "+bs.Name+" "+
+				conditions.TruncateMessage(msg+"; nothing was charged; to retry with the same key: kubectl annotate billingsettlement "+bs.Name+" "+
 					hooksv1alpha1.AnnotationReplay+"=\"$(date +%s)\" --overwrite"))
-			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonRetriesExhausted, "DeadLetter", "%s", truncateMessage(msg))
+			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonRetriesExhausted, "DeadLetter", "%s", conditions.TruncateMessage(msg))
 			return
 		}
-		r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, d.reason, "Fail", "%s", truncateMessage(msg))
+		r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, d.reason, "Fail", "%s", conditions.TruncateMessage(msg))
 	case d.state == hooksv1alpha1.SettlementRequiresReconciliation && d.message != "":
 		// The record is not provably ours: nothing of it (not even its ID) is copied.
 		msg := d.message
-		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.reason, truncateMessage(msg+"; see docs/runbook.md"))
+		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.reason, conditions.TruncateMessage(msg+"; see docs/runbook.md"))
 		if from != hooksv1alpha1.SettlementRequiresReconciliation || prevReason != d.reason {
-			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, d.reason, "Reconcile", "%s", truncateMessage(msg))
+			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, d.reason, "Reconcile", "%s", conditions.TruncateMessage(msg))
 		}
 	case d.action == actWait && d.message != "":
 		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.reason,
-			truncateMessage(fmt.Sprintf("%s; next at %s", d.message, st.NextAttemptAt.UTC().Format(time.RFC3339))))
+			conditions.TruncateMessage(fmt.Sprintf("%s; next at %s", d.message, st.NextAttemptAt.UTC().Format(time.RFC3339))))
 	case d.action == actHold:
 		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.reason, d.message)
 		if prevReason != d.reason {
@@ -151,9 +155,9 @@ func (r *BillingSettlementReconciler) holdDeletion(s *settlementScope, why strin
 		msg += " (" + why + ")"
 	}
 	if c := findCondition(bs, hooksv1alpha1.ConditionReady); c == nil || c.Reason != hooksv1alpha1.ReasonDeletionBlocked {
-		r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonDeletionBlocked, "Delete", "%s", truncateMessage(msg))
+		r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonDeletionBlocked, "Delete", "%s", conditions.TruncateMessage(msg))
 	}
-	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonDeletionBlocked, truncateMessage(msg))
+	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonDeletionBlocked, conditions.TruncateMessage(msg))
 }
 
 type retryPolicy struct {
@@ -201,7 +205,7 @@ func errorClassName(c billing.Class) string {
 }
 
 func settlementError(err error, now time.Time) *hooksv1alpha1.SettlementError {
-	se := &hooksv1alpha1.SettlementError{Class: errorClassAmbiguous, Message: truncateMessage(err.Error()), At: metav1.NewTime(now)}
+	se := &hooksv1alpha1.SettlementError{Class: errorClassAmbiguous, Message: conditions.TruncateMessage(err.Error()), At: metav1.NewTime(now)}
 	if e, ok := billing.AsError(err); ok {
 		se.Class, se.Code = errorClassName(e.Class), e.Code
 		if len(se.Code) > 128 {

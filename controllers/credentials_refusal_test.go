@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+
 	"strings"
 	"testing"
 
@@ -78,7 +80,7 @@ func TestCredentialRefusedErrorSaysWhatToDo(t *testing.T) {
 			t.Errorf("message %q lacks %q", msg, want)
 		}
 	}
-	if len(truncateMessage(msg)) != len(msg) {
+	if len(conditions.TruncateMessage(msg)) != len(msg) {
 		t.Errorf("message is %d bytes: it would be truncated in a condition", len(msg))
 	}
 }

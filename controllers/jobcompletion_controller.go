@@ -1,6 +1,10 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
+
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -61,7 +65,7 @@ func (r *JobCompletionReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	}
 	before := jc.DeepCopy()
 	defer func() {
-		wrote, perr := patchStatus(ctx, r.Client, &jc, before, false)
+		wrote, perr := statuspatch.Patch(ctx, r.Client, &jc, before, false)
 		if perr != nil && err == nil {
 			err = perr
 		}
@@ -135,10 +139,10 @@ func (r *JobCompletionReconciler) reconcile(ctx context.Context, jc *hooksv1alph
 	res, err := c.Apply(ctx, identity.JobSinkKey(jc.Namespace, jc.Spec.Provider, jc.Spec.JobID, v), completion)
 	if err != nil {
 		if e, ok := billing.AsError(err); ok && e.Class == billing.Terminal {
-			st.State, st.LastError = hooksv1alpha1.JobCompletionFailed, truncateMessage(e.Error())
-			setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse,
-				hooksv1alpha1.ReasonSinkRejected, "the sink refused version "+strconv.FormatInt(v, 10)+": "+truncateMessage(e.Error()))
-			setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+			st.State, st.LastError = hooksv1alpha1.JobCompletionFailed, conditions.TruncateMessage(e.Error())
+			conditions.Set(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse,
+				hooksv1alpha1.ReasonSinkRejected, "the sink refused version "+strconv.FormatInt(v, 10)+": "+conditions.TruncateMessage(e.Error()))
+			conditions.Set(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 				hooksv1alpha1.ReasonSinkRejected, "terminal: fix the sink or the job and report a newer version")
 			r.Recorder.Eventf(jc, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonSinkRejected, "Apply", "sink refused version %d: %s", v, e.Code)
 			return ctrl.Result{}, nil
@@ -155,9 +159,9 @@ func (r *JobCompletionReconciler) reconcile(ctx context.Context, jc *hooksv1alph
 	case jobsink.Superseded:
 		st.State, st.LastError, st.NextAttemptAt = hooksv1alpha1.JobCompletionSuperseded, "", nil
 		msg := fmt.Sprintf("the sink already holds version %d, newer than version %d; nothing applied", res.CurrentVersion, v)
-		setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse,
+		conditions.Set(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse,
 			hooksv1alpha1.ReasonVersionSuperseded, msg)
-		setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
+		conditions.Set(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
 			hooksv1alpha1.ReasonVersionSuperseded, msg)
 		r.Recorder.Eventf(jc, nil, corev1.EventTypeNormal, hooksv1alpha1.ReasonVersionSuperseded, "Apply", "%s", msg)
 	case jobsink.Deferred:
@@ -176,14 +180,14 @@ func (r *JobCompletionReconciler) credentialsRefused(jc *hooksv1alpha1.JobComple
 		wait = time.Minute
 	}
 	next := metav1.NewTime(r.now().Add(wait))
-	msg := truncateMessage("sink credentials: " + err.Error())
+	msg := conditions.TruncateMessage("sink credentials: " + err.Error())
 	if st.LastError != msg {
 		r.Recorder.Eventf(jc, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonCredentialsNotAllowed, "Apply", "%s", msg)
 	}
 	st.State, st.LastError, st.NextAttemptAt = hooksv1alpha1.JobCompletionPending, msg, &next
-	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse,
+	conditions.Set(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse,
 		hooksv1alpha1.ReasonCredentialsNotAllowed, msg)
-	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+	conditions.Set(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 		hooksv1alpha1.ReasonCredentialsNotAllowed, "waiting for the sink's Secret to opt in; nothing is sent until then")
 	return ctrl.Result{RequeueAfter: wait}
 }
@@ -206,8 +210,8 @@ func (r *JobCompletionReconciler) applied(jc *hooksv1alpha1.JobCompletion, v int
 	st.State, st.AppliedVersion, st.LastError, st.NextAttemptAt, st.DeferredSince =
 		hooksv1alpha1.JobCompletionApplied, &v, "", nil, nil
 	msg := fmt.Sprintf("version %d applied", v)
-	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionTrue, hooksv1alpha1.ReasonVersionApplied, msg)
-	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue, hooksv1alpha1.ReasonVersionApplied, msg)
+	conditions.Set(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionTrue, hooksv1alpha1.ReasonVersionApplied, msg)
+	conditions.Set(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue, hooksv1alpha1.ReasonVersionApplied, msg)
 }
 
 // The job sink's retry policies, carried out by the same backoff code as a
@@ -220,13 +224,13 @@ var (
 
 func (r *JobCompletionReconciler) retry(jc *hooksv1alpha1.JobCompletion, msg string, retryAfter time.Duration) (ctrl.Result, error) {
 	st := &jc.Status
-	st.LastError = truncateMessage(msg)
+	st.LastError = conditions.TruncateMessage(msg)
 	wait := retryWait(st.Attempts, sinkRetryPolicy, retryAfter, rand.Float64())
 	next := metav1.NewTime(r.now().Add(wait))
 	st.NextAttemptAt = &next
-	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse,
+	conditions.Set(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse,
 		hooksv1alpha1.ReasonSinkUnavailable, fmt.Sprintf("attempt %d failed; retrying at %s: %s", st.Attempts, next.UTC().Format(time.RFC3339), st.LastError))
-	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+	conditions.Set(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 		hooksv1alpha1.ReasonSinkUnavailable, "retrying with the same idempotency key")
 	return ctrl.Result{RequeueAfter: wait}, nil
 }
@@ -244,8 +248,8 @@ func (r *JobCompletionReconciler) defer404(jc *hooksv1alpha1.JobCompletion, sink
 	if !now.Before(deadline) {
 		st.State, st.NextAttemptAt = hooksv1alpha1.JobCompletionRequiresReconciliation, nil
 		msg := fmt.Sprintf("the sink still did not know job %q at the defer deadline (%s)", jc.Spec.JobID, deadline.UTC().Format(time.RFC3339))
-		setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse, hooksv1alpha1.ReasonDeadlineExceeded, msg)
-		setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonDeadlineExceeded, msg)
+		conditions.Set(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse, hooksv1alpha1.ReasonDeadlineExceeded, msg)
+		conditions.Set(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonDeadlineExceeded, msg)
 		r.Recorder.Eventf(jc, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonDeadlineExceeded, "Apply", "%s", msg)
 		return ctrl.Result{}, nil
 	}
@@ -258,8 +262,8 @@ func (r *JobCompletionReconciler) defer404(jc *hooksv1alpha1.JobCompletion, sink
 	st.NextAttemptAt = &next
 	msg := fmt.Sprintf("the sink does not know job %q yet; next try at %s, deadline %s", jc.Spec.JobID,
 		next.UTC().Format(time.RFC3339), deadline.UTC().Format(time.RFC3339))
-	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse, hooksv1alpha1.ReasonSinkDeferred, msg)
-	setCondition(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonSinkDeferred, msg)
+	conditions.Set(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse, hooksv1alpha1.ReasonSinkDeferred, msg)
+	conditions.Set(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonSinkDeferred, msg)
 	return ctrl.Result{RequeueAfter: wait}, nil
 }
 
@@ -276,14 +280,6 @@ func addSourceEvent(st *hooksv1alpha1.JobCompletionStatus, name string) {
 	if len(st.SourceEvents) > maxSourceEvents {
 		st.SourceEvents = st.SourceEvents[len(st.SourceEvents)-maxSourceEvents:]
 	}
-}
-
-// truncateMessage keeps status messages within their CRD bounds.
-func truncateMessage(s string) string {
-	if len(s) > 1000 {
-		return s[:1000] + "…"
-	}
-	return s
 }
 
 // SetupWithManager registers the controller; only spec changes (a new proposed

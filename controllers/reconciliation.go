@@ -1,6 +1,10 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
+
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+
 	"context"
 	"fmt"
 	"hash/fnv"
@@ -264,15 +268,15 @@ func (r *BillingProviderReconciler) pass(ctx context.Context, bp *hooksv1alpha1.
 	rr.Status.CompletedAt = &done
 	if err != nil {
 		rr.Status.Phase = hooksv1alpha1.ReportFailed
-		setCondition(&rr.Status.Conditions, rr.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
-			reportFailureReason(err), truncateMessage(err.Error()))
+		conditions.Set(&rr.Status.Conditions, rr.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+			reportFailureReason(err), conditions.TruncateMessage(err.Error()))
 	} else {
 		rr.Status.Phase = hooksv1alpha1.ReportCompleted
-		setCondition(&rr.Status.Conditions, rr.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
+		conditions.Set(&rr.Status.Conditions, rr.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
 			hooksv1alpha1.ReasonValid, fmt.Sprintf("%d discrepancies, %d repaired, %d need review",
 				rr.Status.Discrepancies, rr.Status.Repaired, rr.Status.NeedsReview))
 	}
-	if _, perr := patchStatus(ctx, r.Client, rr, base, false); perr != nil {
+	if _, perr := statuspatch.Patch(ctx, r.Client, rr, base, false); perr != nil {
 		return "", time.Time{}, fmt.Errorf("write report %s: %w", rr.Name, perr)
 	}
 	if rr.Status.NeedsReview > 0 {
@@ -523,7 +527,7 @@ func (r *BillingProviderReconciler) orphanedSettlements(ctx context.Context, ns 
 		}
 		p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancySettlementWithoutBillingProvider,
 			Object: "BillingSettlement/" + bs.Name, Action: hooksv1alpha1.RepairManualReview,
-			Message: truncateMessage(fmt.Sprintf("names BillingProvider %q, which does not exist in %s: nothing is sent for it and no pass "+
+			Message: conditions.TruncateMessage(fmt.Sprintf("names BillingProvider %q, which does not exist in %s: nothing is sent for it and no pass "+
 				"compares it; create that provider, or fix the route that made it (kubectl get webhookproviders -n %s) "+
 				"and delete this settlement once nothing was sent (its exposure is %s)",
 				ref, ns, ns, EffectiveExposure(&bs.Status)))})
@@ -830,7 +834,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 			}
 			p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyLocalSettledProviderUnknown, Object: "BillingSettlement/" + bs.Name,
 				ProviderRef: bs.Status.ProviderRef, Action: hooksv1alpha1.RepairManualReview,
-				Message: truncateMessage(fmt.Sprintf("settled locally as %s, but the provider could not be asked about key %s: %s",
+				Message: conditions.TruncateMessage(fmt.Sprintf("settled locally as %s, but the provider could not be asked about key %s: %s",
 					bs.Status.ProviderRef, bs.Spec.IdempotencyKey, e.Message))})
 			continue
 		}
@@ -970,8 +974,8 @@ func (r *BillingProviderReconciler) markCompared(ctx context.Context, bs *hooksv
 	base := bs.DeepCopy()
 	t := metav1.NewTime(now)
 	bs.Status.LastReconciledAt = &t
-	setCondition(&bs.Status.Conditions, bs.Generation, hooksv1alpha1.ConditionReconciled, metav1.ConditionTrue, reason, truncateMessage(message))
-	if _, err := patchStatus(ctx, r.Client, bs, base, true); err != nil {
+	conditions.Set(&bs.Status.Conditions, bs.Generation, hooksv1alpha1.ConditionReconciled, metav1.ConditionTrue, reason, conditions.TruncateMessage(message))
+	if _, err := statuspatch.Patch(ctx, r.Client, bs, base, true); err != nil {
 		log.FromContext(ctx).V(1).Info("mark reconciled skipped", "settlement", bs.Name, "error", err.Error())
 	}
 }

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+
 	"context"
 	"fmt"
 	"hash/fnv"
@@ -239,7 +241,7 @@ func (r *BillingProviderReconciler) compareUsageTotals(ctx context.Context, bp *
 				// The meter does not total what is sent, or cannot be read: once per meter.
 				found = append(found, hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyUsageTotalMismatch, Object: "BillingProvider/" + bp.Name,
 					ProviderRef: "meter " + g.meter, Action: hooksv1alpha1.RepairManualReview,
-					Message: truncateMessage(fmt.Sprintf("usage meter %q cannot be compared with the provider's totals: %s", g.meter, e.Message))})
+					Message: conditions.TruncateMessage(fmt.Sprintf("usage meter %q cannot be compared with the provider's totals: %s", g.meter, e.Message))})
 			}
 			continue
 		case e != nil && e.Class == billing.Terminal:
@@ -248,7 +250,7 @@ func (r *BillingProviderReconciler) compareUsageTotals(ctx context.Context, bp *
 			found = append(found, hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyUsageTotalMismatch, Object: "BillingProvider/" + bp.Name,
 				ProviderRef: truncateTo(fmt.Sprintf("meter %s, customer %s, %s", g.meter, g.customer, window), 256),
 				Action:      hooksv1alpha1.RepairManualReview,
-				Message: truncateMessage(fmt.Sprintf("the provider's total for usage meter %q, customer %s, from %s could not be read (the settlements add up to %s): %s",
+				Message: conditions.TruncateMessage(fmt.Sprintf("the provider's total for usage meter %q, customer %s, from %s could not be read (the settlements add up to %s): %s",
 					g.meter, g.customer, window, rangeOf(groups[g]), e.Message))})
 			continue
 		default:
@@ -274,7 +276,7 @@ func (r *BillingProviderReconciler) compareUsageTotals(ctx context.Context, bp *
 		found = append(found, hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyUsageTotalMismatch, Object: "BillingProvider/" + bp.Name,
 			ProviderRef: truncateTo(fmt.Sprintf("meter %s, customer %s, %s", g.meter, g.customer, window), 256),
 			Action:      hooksv1alpha1.RepairManualReview,
-			Message: truncateMessage(fmt.Sprintf("the provider totals %s for usage meter %q, customer %s, from %s; the settlements add up to %s (%d settled in the window, %d that may or may not count): %s",
+			Message: conditions.TruncateMessage(fmt.Sprintf("the provider totals %s for usage meter %q, customer %s, from %s; the settlements add up to %s (%d settled in the window, %d that may or may not count): %s",
 				got.FloatString(decimals(got)), g.meter, g.customer, window, rangeOf(b), b.certain, b.uncertain, why))})
 	}
 	for _, d := range found {

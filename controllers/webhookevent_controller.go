@@ -1,6 +1,10 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
+
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+
 	"context"
 	"fmt"
 	"maps"
@@ -103,7 +107,7 @@ func (r *WebhookEventReconciler) Reconcile(ctx context.Context, req ctrl.Request
 			return res, cerr
 		}
 		ev.Status.Phase = hooksv1alpha1.EventIgnored
-		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
+		conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
 			hooksv1alpha1.ReasonAllOperationsDone, "no route matched the event type; stored for the record only")
 	default:
 		var res ctrl.Result
@@ -149,7 +153,7 @@ const staleCacheRetry = 100 * time.Millisecond
 // annotation came in): the event is redone shortly from a fresh copy, which is not an
 // error for on-call to see in the log.
 func (r *WebhookEventReconciler) writeStatus(ctx context.Context, ev, before *hooksv1alpha1.WebhookEvent) (ctrl.Result, error) {
-	if _, err := patchStatus(ctx, r.Client, ev, before, true); err != nil {
+	if _, err := statuspatch.Patch(ctx, r.Client, ev, before, true); err != nil {
 		if apierrors.IsConflict(err) {
 			return ctrl.Result{RequeueAfter: staleCacheRetry}, nil
 		}
@@ -283,9 +287,9 @@ func (r *WebhookEventReconciler) checkArchivedReceipt(ctx context.Context, ev *h
 	noteArchive("WebhookEvent", err)
 	if err != nil {
 		ev.Status.Phase = hooksv1alpha1.EventReceived
-		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionDispatched, metav1.ConditionFalse,
+		conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionDispatched, metav1.ConditionFalse,
 			hooksv1alpha1.ReasonArchiveUnavailable, "waiting for the archive: it must say whether this event ID was received before anything is dispatched")
-		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+		conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 			hooksv1alpha1.ReasonArchiveUnavailable, "waiting for the archive before dispatch")
 		return ctrl.Result{RequeueAfter: archiveRetry}, false, nil
 	}
@@ -327,7 +331,7 @@ func (r *WebhookEventReconciler) now() time.Time {
 
 func (r *WebhookEventReconciler) quarantined(ev *hooksv1alpha1.WebhookEvent) {
 	ev.Status.Phase = hooksv1alpha1.EventQuarantined
-	setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+	conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 		hooksv1alpha1.ReasonConflictingEventReuse,
 		fmt.Sprintf("event ID %q was delivered again with a different payload than %s; this delivery has no effect and needs review",
 			ev.Spec.EventID, ev.Spec.Quarantine.OriginalEvent))
@@ -417,7 +421,7 @@ const stateDeleted = "Deleted"
 // refused create) instead of leaving "n of m done" unexplained.
 func withError(op hooksv1alpha1.OperationStatus, err error) hooksv1alpha1.OperationStatus {
 	if err != nil {
-		op.Message = truncateMessage("not dispatched yet: " + err.Error())
+		op.Message = conditions.TruncateMessage("not dispatched yet: " + err.Error())
 	}
 	return op
 }
@@ -1022,27 +1026,27 @@ func derivePhase(ev *hooksv1alpha1.WebhookEvent) {
 			dispatched = metav1.ConditionFalse
 		}
 	}
-	setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionDispatched, dispatched,
+	conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionDispatched, dispatched,
 		map[metav1.ConditionStatus]string{metav1.ConditionTrue: hooksv1alpha1.ReasonAccepted,
 			metav1.ConditionFalse: hooksv1alpha1.ReasonOperationsInProgress}[dispatched],
 		fmt.Sprintf("%d operation(s)", n))
 	switch worst {
 	case healthAmbiguous:
 		ev.Status.Phase = hooksv1alpha1.EventRequiresReconciliation
-		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+		conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 			hooksv1alpha1.ReasonOperationAmbiguous, "an operation conflicts or its outcome needs reconciliation; see status.operations")
 	case healthFailing:
 		ev.Status.Phase = hooksv1alpha1.EventPartiallyFailed
-		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+		conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 			hooksv1alpha1.ReasonOperationFailed,
 			fmt.Sprintf("%d of %d operations done; the others failed or are being retried (see status.operations)", done, n))
 	case healthProgressing:
 		ev.Status.Phase = hooksv1alpha1.EventDispatching
-		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+		conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 			hooksv1alpha1.ReasonOperationsInProgress, fmt.Sprintf("%d of %d operations done", done, n))
 	default:
 		ev.Status.Phase = hooksv1alpha1.EventComplete
-		setCondition(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
+		conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
 			hooksv1alpha1.ReasonAllOperationsDone, fmt.Sprintf("all %d operations done", n))
 	}
 }

@@ -1,6 +1,10 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
+
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+
 	"context"
 	"errors"
 	"fmt"
@@ -65,11 +69,11 @@ func (r *WebhookProviderReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	setCondition(&p.Status.Conditions, p.Generation, hooksv1alpha1.ConditionReady, status, reason, message)
+	conditions.Set(&p.Status.Conditions, p.Generation, hooksv1alpha1.ConditionReady, status, reason, message)
 	if err := r.nextRetentionSweep(ctx, &p); err != nil {
 		return ctrl.Result{}, err
 	}
-	if _, err := patchStatus(ctx, r.Client, &p, before, false); err != nil {
+	if _, err := statuspatch.Patch(ctx, r.Client, &p, before, false); err != nil {
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{RequeueAfter: r.interval(reason)}, nil
@@ -103,7 +107,7 @@ func (r *WebhookProviderReconciler) check(ctx context.Context, p *hooksv1alpha1.
 		return metav1.ConditionFalse, hooksv1alpha1.ReasonInvalidSpec, err.Error(), nil
 	}
 	if missing, err := r.missingBillingProviders(ctx, p); err != nil || len(missing) > 0 {
-		return metav1.ConditionFalse, hooksv1alpha1.ReasonBillingProviderNotFound, truncateMessage(fmt.Sprintf(
+		return metav1.ConditionFalse, hooksv1alpha1.ReasonBillingProviderNotFound, conditions.TruncateMessage(fmt.Sprintf(
 			"routes charge through BillingProvider %s, which does not exist in namespace %s: "+
 				"deliveries are received, and their settlements wait until it is created", quotedList(missing), p.Namespace)), err
 	}
@@ -157,14 +161,14 @@ func (r *WebhookProviderReconciler) checkSinkCredentials(ctx context.Context, p 
 			case err == nil:
 				continue
 			case isCredentialRefused(err):
-				return metav1.ConditionFalse, hooksv1alpha1.ReasonCredentialsNotAllowed, truncateMessage(fmt.Sprintf(
+				return metav1.ConditionFalse, hooksv1alpha1.ReasonCredentialsNotAllowed, conditions.TruncateMessage(fmt.Sprintf(
 					"deliveries are received, but job completions of route %q wait: %v", route.EventType, err)), nil
 			case apierrors.IsNotFound(err):
-				return metav1.ConditionFalse, hooksv1alpha1.ReasonSecretNotFound, truncateMessage(fmt.Sprintf(
+				return metav1.ConditionFalse, hooksv1alpha1.ReasonSecretNotFound, conditions.TruncateMessage(fmt.Sprintf(
 					"deliveries are received, but job completions of route %q wait: the sink's Secret %q is not found",
 					route.EventType, sink.CredentialsSecretRef.Name)), nil
 			case errors.Is(err, errCredentialKeyMissing):
-				return metav1.ConditionFalse, hooksv1alpha1.ReasonSecretInvalid, truncateMessage(fmt.Sprintf(
+				return metav1.ConditionFalse, hooksv1alpha1.ReasonSecretInvalid, conditions.TruncateMessage(fmt.Sprintf(
 					"deliveries are received, but job completions of route %q wait: %v", route.EventType, err)), nil
 			default:
 				return "", "", "", fmt.Errorf("check job sink credentials of route %q: %w", route.EventType, err)

@@ -1,4 +1,4 @@
-package controllers
+package statuspatch
 
 import (
 	"context"
@@ -9,14 +9,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// patchStatus is the one way every reconciler in this package writes status: once per
+// Patch is the one way every reconciler writes status: once per
 // reconcile, only when the status differs from the snapshot taken at the start (no
 // write that changes nothing a reader sees), as a merge patch of the status
 // subresource. With optimisticLock the patch carries the snapshot's resourceVersion,
 // so a reconcile that worked from a stale copy gets a conflict (and a requeue with
 // fresh state) instead of overwriting what a newer one wrote. It reports whether it
 // wrote.
-func patchStatus(ctx context.Context, c client.Client, obj, before client.Object, optimisticLock bool) (bool, error) {
+func Patch(ctx context.Context, c client.Client, obj, before client.Object, optimisticLock bool) (bool, error) {
 	if equality.Semantic.DeepEqual(statusOf(before), statusOf(obj)) {
 		return false, nil
 	}
