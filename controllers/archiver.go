@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
 
 	"context"
@@ -146,7 +148,7 @@ func finished(obj client.Object) (bool, time.Time) {
 		// Not while it holds money, not before its controller gave it an exposure (an
 		// older operator's record: the content archived must be what it will say on its
 		// way out), and not while a replay or a reconcile request waits to be acted on.
-		if st.ObservedGeneration != o.Generation || HoldsMoney(st) || st.Exposure == "" || requestPending(o) {
+		if st.ObservedGeneration != o.Generation || settlement.HoldsMoney(st) || st.Exposure == "" || requestPending(o) {
 			return false, time.Time{}
 		}
 		switch st.State {
@@ -161,7 +163,7 @@ func finished(obj client.Object) (bool, time.Time) {
 			// replay; one that never presented its key anywhere (an invalid identity, a
 			// refused duplicate of an archived settlement) waits for review: archiving it
 			// would reserve keys it never used.
-			if meta.IsStatusConditionTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered) || neverSent(o) {
+			if meta.IsStatusConditionTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered) || settlement.NeverSent(o) {
 				return false, time.Time{}
 			}
 			return true, laterOf(o.CreationTimestamp.Time, readySince(st.Conditions, hooksv1alpha1.ConditionReady))
@@ -172,10 +174,10 @@ func finished(obj client.Object) (bool, time.Time) {
 
 // requestPending reports a replay or reconcile request its controller has not acted on.
 func requestPending(bs *hooksv1alpha1.BillingSettlement) bool {
-	if t := bs.Annotations[hooksv1alpha1.AnnotationReplay]; t != "" && (bs.Status.Replay == nil || bs.Status.Replay.LastToken != truncateToken(t)) {
+	if t := bs.Annotations[hooksv1alpha1.AnnotationReplay]; t != "" && (bs.Status.Replay == nil || bs.Status.Replay.LastToken != settlement.TruncateToken(t)) {
 		return true
 	}
-	if t := bs.Annotations[hooksv1alpha1.AnnotationReconcileRequest]; t != "" && bs.Status.ReconcileRequest != truncateToken(t) {
+	if t := bs.Annotations[hooksv1alpha1.AnnotationReconcileRequest]; t != "" && bs.Status.ReconcileRequest != settlement.TruncateToken(t) {
 		return true
 	}
 	return false

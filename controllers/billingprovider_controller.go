@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
@@ -242,9 +244,9 @@ func reconciliationPolicyOf(bp *hooksv1alpha1.BillingProvider) reconciliationPol
 	p := reconciliationPolicy{interval: defaultReconcileInterval, stuckAfter: defaultStuckAfter,
 		eventStaleAfter: defaultEventStaleAfter, keep: defaultKeepReports}
 	if rp := bp.Spec.Reconciliation; rp != nil {
-		p.interval = durationOr(rp.Interval, p.interval)
-		p.stuckAfter = durationOr(rp.StuckAfter, p.stuckAfter)
-		p.eventStaleAfter = durationOr(rp.EventStaleAfter, p.eventStaleAfter)
+		p.interval = settlement.DurationOr(rp.Interval, p.interval)
+		p.stuckAfter = settlement.DurationOr(rp.StuckAfter, p.stuckAfter)
+		p.eventStaleAfter = settlement.DurationOr(rp.EventStaleAfter, p.eventStaleAfter)
 		if rp.KeepReports > 0 {
 			p.keep = int(rp.KeepReports)
 		}
@@ -351,7 +353,7 @@ func (r *BillingProviderReconciler) settlementsHolding(ctx context.Context, bp *
 	}
 	var names []string
 	for i := range l.Items {
-		if SettlementHoldsProvider(&l.Items[i]) {
+		if settlement.HoldsProvider(&l.Items[i]) {
 			names = append(names, l.Items[i].Name)
 		}
 	}
@@ -367,7 +369,7 @@ func (r *BillingProviderReconciler) settlementsHoldingLive(ctx context.Context, 
 	}
 	var names []string
 	for i := range l.Items {
-		if l.Items[i].Spec.BillingProviderRef == bp.Name && SettlementHoldsProvider(&l.Items[i]) {
+		if l.Items[i].Spec.BillingProviderRef == bp.Name && settlement.HoldsProvider(&l.Items[i]) {
 			names = append(names, l.Items[i].Name)
 		}
 	}
@@ -440,7 +442,7 @@ func (r *BillingProviderReconciler) deletingProviderOf(ctx context.Context, obj 
 func holdChanged() predicate.Predicate {
 	holds := func(obj client.Object) bool {
 		bs, ok := obj.(*hooksv1alpha1.BillingSettlement)
-		return ok && SettlementHoldsProvider(bs)
+		return ok && settlement.HoldsProvider(bs)
 	}
 	return predicate.Funcs{
 		CreateFunc:  func(e event.CreateEvent) bool { return holds(e.Object) },

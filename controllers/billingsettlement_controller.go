@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -29,18 +31,6 @@ const BillingSettlementControllerName = "billingsettlement"
 
 // IndexSettlementReverses indexes settlements by the settlement they compensate.
 const IndexSettlementReverses = "spec.reverses"
-
-// Defaults applied when a BillingProvider predates a field (the API server defaults
-// them on write; these keep a zero from ever meaning "retry in a tight loop").
-const (
-	defaultMaxAttempts       = 10
-	defaultMaxElapsed        = time.Hour
-	defaultInitialBackoff    = time.Second
-	defaultMaxBackoff        = 5 * time.Minute
-	defaultIdempotencyWindow = 24 * time.Hour
-	defaultRequestTimeout    = 10 * time.Second
-	maxPollInterval          = time.Minute
-)
 
 // BillingSettlementReconciler drives one financial operation to the provider's final
 // answer with one idempotency key, set at creation and reused on every attempt and
@@ -107,14 +97,14 @@ type settlementScope struct {
 	before   *hooksv1alpha1.BillingSettlement
 	provider *hooksv1alpha1.BillingProvider
 	client   billing.Client
-	policy   retryPolicy
+	policy   settlement.RetryPolicy
 	// target is where the provider points now (compared with status.sentTo).
 	target hooksv1alpha1.ProviderTarget
 	now    time.Time
 	// reverses is the original's settlement key, for compensations, and reversesRef
 	// the provider's reference of it (what Stripe cancels, deletes or credits).
 	reverses, reversesRef string
-	// forceLookup: a new reconcile-request token asks the provider by key now.
+	// ForceLookup: a new reconcile-request token asks the provider by key now.
 	forceLookup bool
 	// reconcileToken is that token, recorded once the lookup was made.
 	reconcileToken string

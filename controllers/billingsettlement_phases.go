@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
@@ -62,7 +64,7 @@ func (r *BillingSettlementReconciler) observeGeneration(_ context.Context, s *se
 // by lookups only (money may be at the provider), with a Warning.
 func (r *BillingSettlementReconciler) checkIdentity(_ context.Context, s *settlementScope) (ctrl.Result, error) {
 	bs, st := s.bs, &s.bs.Status
-	err := ValidateSettlementIdentity(bs)
+	err := settlement.ValidateIdentity(bs)
 	if err == nil {
 		return ctrl.Result{}, nil
 	}
@@ -113,7 +115,7 @@ func (r *BillingSettlementReconciler) checkArchive(ctx context.Context, s *settl
 		return ctrl.Result{}, nil
 	}
 	msg := fmt.Sprintf("the archive already holds settlement %s (%s, provider reference %q) with this name or key; nothing is sent for this one",
-		prior.Name, orNew(prior.Status.State), prior.Status.ProviderRef)
+		prior.Name, settlement.StateOrNew(prior.Status.State), prior.Status.ProviderRef)
 	r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonArchivedDuplicate, "Validate", "%s", msg)
 	st.State, st.Exposure = hooksv1alpha1.SettlementFailed, hooksv1alpha1.ExposureNone
 	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonArchivedDuplicate,
@@ -131,7 +133,7 @@ func archivedDuplicate(bs *hooksv1alpha1.BillingSettlement) bool {
 // created together with its job's first JobCompletion — a job never seen before, so
 // nothing can have been sent under the key — starts at None and is sent directly.
 // Anything else (created again by hand or by a runbook, by a redelivery after its
-// record was deleted, or written by an older operator) starts at Possible: the
+// Record was deleted, or written by an older operator) starts at Possible: the
 // provider must answer a lookup by key before the first submission.
 func (r *BillingSettlementReconciler) initExposure(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
 	st := &s.bs.Status
@@ -139,7 +141,7 @@ func (r *BillingSettlementReconciler) initExposure(ctx context.Context, s *settl
 		return ctrl.Result{}, nil
 	}
 	if st.FirstSubmittedAt != nil || st.OutcomeUnknown || st.State != hooksv1alpha1.SettlementPending {
-		st.Exposure = EffectiveExposure(st) // written by an older operator
+		st.Exposure = settlement.EffectiveExposure(st) // written by an older operator
 		return ctrl.Result{}, nil
 	}
 	fresh, err := r.createdWithItsJob(ctx, s.bs)
@@ -181,7 +183,7 @@ func (r *BillingSettlementReconciler) createdWithItsJob(ctx context.Context, bs 
 // key first. Any other state only records that nothing was to do.
 func (r *BillingSettlementReconciler) handleReplay(_ context.Context, s *settlementScope) (ctrl.Result, error) {
 	bs := s.bs
-	token := truncateToken(bs.Annotations[hooksv1alpha1.AnnotationReplay])
+	token := settlement.TruncateToken(bs.Annotations[hooksv1alpha1.AnnotationReplay])
 	if token == "" || (bs.Status.Replay != nil && bs.Status.Replay.LastToken == token) {
 		return ctrl.Result{}, nil
 	}
@@ -210,7 +212,7 @@ func (r *BillingSettlementReconciler) handleReplay(_ context.Context, s *settlem
 	r.cond(bs, hooksv1alpha1.ConditionDeadLettered, metav1.ConditionFalse, hooksv1alpha1.ReasonReplayed,
 		fmt.Sprintf("replay %q resumed it from %s with the same idempotency key", token, from))
 	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonReplayed,
-		"replayed with the same key (exposure "+string(EffectiveExposure(st))+")")
+		"replayed with the same key (exposure "+string(settlement.EffectiveExposure(st))+")")
 	r.Recorder.Eventf(bs, nil, corev1.EventTypeNormal, hooksv1alpha1.ReasonReplayed, "Replay",
 		"replay %q: resuming from %s with key %s", token, from, bs.Spec.IdempotencyKey)
 	return ctrl.Result{}, nil
@@ -222,7 +224,7 @@ func (r *BillingSettlementReconciler) handleReplay(_ context.Context, s *settlem
 // The token is recorded once the provider answered (see drive).
 func (r *BillingSettlementReconciler) handleReconcileRequest(_ context.Context, s *settlementScope) (ctrl.Result, error) {
 	st := &s.bs.Status
-	token := truncateToken(s.bs.Annotations[hooksv1alpha1.AnnotationReconcileRequest])
+	token := settlement.TruncateToken(s.bs.Annotations[hooksv1alpha1.AnnotationReconcileRequest])
 	if token == "" || token == st.ReconcileRequest {
 		return ctrl.Result{}, nil
 	}
@@ -268,7 +270,7 @@ func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *se
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("get billingprovider %s: %w", bs.Spec.BillingProviderRef, err)
 	}
-	s.provider, s.policy, s.target = &bp, policyOf(&bp), targetOf(&bp)
+	s.provider, s.policy, s.target = &bp, settlement.PolicyOf(&bp), targetOf(&bp)
 	c, err := r.clients.get(ctx, r.APIReader, r.NewClient, &bp, r.Health)
 	if err != nil {
 		// A wait, never a failure: nothing was sent, and a settlement that may already
@@ -304,22 +306,13 @@ func reversedKey(ctx context.Context, reader client.Reader, store *archive.Store
 	if err != nil {
 		return "", "", fmt.Errorf("get reversed settlement %s: %w", bs.Spec.Reverses, err)
 	}
-	return orig.Spec.SettlementKey, reversesRefOf(bs, orig), nil
-}
-
-// reversesRefOf is what compensation bs names at the provider: the reference pinned at
-// its first attempt, else orig's.
-func reversesRefOf(bs, orig *hooksv1alpha1.BillingSettlement) string {
-	if bs.Status.ReversesRef != "" {
-		return bs.Status.ReversesRef
-	}
-	return orig.Status.ProviderRef
+	return orig.Spec.SettlementKey, settlement.ReversesRefOf(bs, orig), nil
 }
 
 // resolveProviderIfHeld resolves the provider for a settlement being deleted only if
 // money may be at the provider: one that holds nothing may go without it.
 func (r *BillingSettlementReconciler) resolveProviderIfHeld(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
-	if !HoldsMoney(&s.bs.Status) {
+	if !settlement.HoldsMoney(&s.bs.Status) {
 		return ctrl.Result{}, nil
 	}
 	res, err := r.resolveProvider(ctx, s)
@@ -379,7 +372,7 @@ func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *
 		return ctrl.Result{}, fmt.Errorf("get reversed settlement %s: %w", bs.Spec.Reverses, err)
 	}
 	orig := *origp
-	if why := compensationRefusal(bs, &orig, s.client != nil && billing.VoidsSettled(s.client)); why != "" {
+	if why := settlement.CompensationRefusal(bs, &orig, s.client != nil && billing.VoidsSettled(s.client)); why != "" {
 		return r.holdCompensation(s, why)
 	}
 	pinned := bs.Status.ReversesRef
@@ -399,9 +392,9 @@ func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *
 		if err != nil {
 			return r.holdCompensation(s, "waiting for the archive: earlier compensations of the charge may be there")
 		}
-		l.Items = withArchived(l.Items, archived)
+		l.Items = settlement.WithArchived(l.Items, archived)
 	}
-	if why := reversalConflict(bs, &orig, l.Items); why != "" {
+	if why := settlement.ReversalConflict(bs, &orig, l.Items); why != "" {
 		return r.holdCompensation(s, why)
 	}
 	if bs.Spec.Type == hooksv1alpha1.SettlementRefund {
@@ -411,77 +404,18 @@ func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *
 			if o.Name == bs.Name || o.Spec.Reverses != orig.Name || o.Spec.Type != hooksv1alpha1.SettlementRefund || o.Spec.Amount == nil {
 				continue
 			}
-			if movedNothing(o) {
+			if settlement.MovedNothing(o) {
 				continue // refused or failed at the provider: refunded nothing
 			}
 			total += o.Spec.Amount.Minor
 		}
-		if charged := chargedAmount(&orig); total > charged.Minor {
+		if charged := settlement.ChargedAmount(&orig); total > charged.Minor {
 			return r.holdCompensation(s, fmt.Sprintf("refunds of %s would add up to %d, more than the %d %s it charged",
 				orig.Name, total, charged.Minor, charged.Currency))
 		}
 	}
-	s.reverses, s.reversesRef = orig.Spec.SettlementKey, reversesRefOf(bs, &orig)
+	s.reverses, s.reversesRef = orig.Spec.SettlementKey, settlement.ReversesRefOf(bs, &orig)
 	return ctrl.Result{}, nil
-}
-
-// movedNothing reports whether a settlement provably moved no money: it failed with
-// nothing possibly at the provider.
-func movedNothing(o *hooksv1alpha1.BillingSettlement) bool {
-	return o.Status.State == hooksv1alpha1.SettlementFailed && EffectiveExposure(&o.Status) == hooksv1alpha1.ExposureNone
-}
-
-// withArchived adds the archived settlements to those listed in the cluster, by UID: a
-// record archived and then created again under its name (an ArchivedDuplicate, which
-// moved nothing) must not hide the archived one, which may have.
-func withArchived(inCluster, archived []hooksv1alpha1.BillingSettlement) []hooksv1alpha1.BillingSettlement {
-	seen := map[types.UID]bool{}
-	for i := range inCluster {
-		seen[inCluster[i].UID] = true
-	}
-	for _, a := range archived {
-		if !seen[a.UID] {
-			inCluster = append(inCluster, a)
-		}
-	}
-	return inCluster
-}
-
-// reversalConflict says why bs may not be sent beside the other compensations of orig
-// ("" when it may): a Void cancels the whole charge, so it goes only while no other
-// compensation of it may have moved money, and a Refund only while no Void of it may
-// have. One held before sending anything (heldUnsent) does not count, so a compensation
-// held by its guard never blocks a good one: the guard and submission of a charge's
-// compensations run one at a time (compensationLocks), and the submission bracket is
-// written before the lock is released, so the next guard sees it.
-func reversalConflict(bs, orig *hooksv1alpha1.BillingSettlement, all []hooksv1alpha1.BillingSettlement) string {
-	for i := range all {
-		o := &all[i]
-		if o.Name == bs.Name || o.Spec.Reverses != orig.Name || movedNothing(o) {
-			continue
-		}
-		if heldUnsent(o) {
-			continue
-		}
-		switch {
-		case bs.Spec.Type == hooksv1alpha1.SettlementVoid:
-			return fmt.Sprintf("%s, a %s of %s, may have moved money: a Void cancels the whole charge, so it is sent only alone",
-				o.Name, o.Spec.Type, orig.Name)
-		case o.Spec.Type == hooksv1alpha1.SettlementVoid:
-			return fmt.Sprintf("%s voids %s, which may have cancelled the whole charge: a Refund of it is not sent", o.Name, orig.Name)
-		}
-	}
-	return ""
-}
-
-// heldUnsent reports whether a compensation is waiting, never having sent anything
-// itself, with nothing found under its key either: held by its own guard, or not yet
-// reconciled. One that found something (a record not provably its own, an unanswerable
-// lookup: RequiresReconciliation, a disagreement, a reference) counts as sent.
-func heldUnsent(o *hooksv1alpha1.BillingSettlement) bool {
-	st := &o.Status
-	return (st.State == "" || st.State == hooksv1alpha1.SettlementPending) && st.FirstSubmittedAt == nil && st.Attempts == 0 &&
-		st.SentTo == nil && st.Disagreement == nil && st.ProviderRef == ""
 }
 
 // compensationLocks serializes the guard and submission of the compensations of one
@@ -509,80 +443,6 @@ func (k *chargeLocks) lock(ctx context.Context, bs *hooksv1alpha1.BillingSettlem
 	return unlock, nil
 }
 
-// compensationRefusal says why a compensation may not be sent for orig ("" when it may).
-// voidsSettled: the provider can still cancel a settled record (billing.VoidsSettled).
-func compensationRefusal(bs, orig *hooksv1alpha1.BillingSettlement, voidsSettled bool) string {
-	switch {
-	case orig.Spec.Type != hooksv1alpha1.SettlementCharge && orig.Spec.Type != "":
-		return fmt.Sprintf("%s is a %s, not a charge: only charges are compensated", orig.Name, orig.Spec.Type)
-	case orig.Spec.BillingProviderRef != bs.Spec.BillingProviderRef:
-		return fmt.Sprintf("%s was sent to BillingProvider %q, not %q", orig.Name, orig.Spec.BillingProviderRef, bs.Spec.BillingProviderRef)
-	case orig.Spec.Customer != bs.Spec.Customer:
-		return fmt.Sprintf("%s is for another customer", orig.Name)
-	case bs.Spec.Amount != nil && chargedAmount(orig) != nil && bs.Spec.Amount.Currency != chargedAmount(orig).Currency:
-		return fmt.Sprintf("%s is in another currency", orig.Name)
-	}
-	st := orig.Status.State
-	switch bs.Spec.Type {
-	case hooksv1alpha1.SettlementRefund:
-		if st == hooksv1alpha1.SettlementSettled && chargedAmount(orig) == nil {
-			why := fmt.Sprintf("%s is usage priced and its provider reported no amount, so a refund cannot be bounded by it; refund at the provider", orig.Name)
-			if voidsSettled {
-				why += ", or void the whole charge while the provider can still cancel it"
-			}
-			return why
-		}
-		if st != hooksv1alpha1.SettlementSettled {
-			if movedNothing(orig) {
-				return fmt.Sprintf("%s failed: nothing was charged, so there is nothing to refund", orig.Name)
-			}
-			return fmt.Sprintf("a Refund is sent only once %s has settled (it is %s); use a Void while it has not", orig.Name, orNew(st))
-		}
-	case hooksv1alpha1.SettlementVoid:
-		switch {
-		case voidsSettled && orig.Status.ProviderRef == "" && !movedNothing(orig):
-			// Such a provider cancels by reference (Stripe): without one there is nothing
-			// to name yet.
-			return fmt.Sprintf("waiting until %s has a provider reference to cancel (it is %s)", orig.Name, orNew(st))
-		case st == hooksv1alpha1.SettlementSettled && !voidsSettled:
-			return fmt.Sprintf("%s has settled: a Void can no longer cancel it; use a Refund", orig.Name)
-		case voidsSettled && !reversesWhole(bs, orig):
-			return fmt.Sprintf("a Void cancels the whole of %s at the provider: its usage and amount must be the charge's", orig.Name)
-		case movedNothing(orig):
-			return fmt.Sprintf("%s failed: nothing was charged, so there is nothing to void", orig.Name)
-		case orig.Status.FirstSubmittedAt == nil:
-			return fmt.Sprintf("waiting until %s has been sent to the provider", orig.Name)
-		}
-	}
-	return ""
-}
-
-// reversesWhole reports whether a compensation names exactly what orig charged: the same
-// usage (meter, unit, quantity by value) and the same amount, each present in both or
-// in neither.
-func reversesWhole(bs, orig *hooksv1alpha1.BillingSettlement) bool {
-	u, ou := bs.Spec.Usage, orig.Spec.Usage
-	a, oa := bs.Spec.Amount, orig.Spec.Amount
-	switch {
-	case (u == nil) != (ou == nil), (a == nil) != (oa == nil):
-		return false
-	case u != nil && (u.Meter != ou.Meter || u.Unit != ou.Unit || !billing.SameQuantity(u.Quantity, ou.Quantity)):
-		return false
-	case a != nil && (a.Minor != oa.Minor || a.Currency != oa.Currency):
-		return false
-	}
-	return true
-}
-
-// chargedAmount is what a charge moved: its own amount, or for a usage-priced one what
-// the provider reported (nil when neither is known).
-func chargedAmount(orig *hooksv1alpha1.BillingSettlement) *hooksv1alpha1.Amount {
-	if orig.Spec.Amount != nil {
-		return orig.Spec.Amount
-	}
-	return orig.Status.ChargedAmount
-}
-
 // holdCompensation keeps a compensation Pending with the reason, and looks again later.
 func (r *BillingSettlementReconciler) holdCompensation(s *settlementScope, why string) (ctrl.Result, error) {
 	bs := s.bs
@@ -594,25 +454,25 @@ func (r *BillingSettlementReconciler) holdCompensation(s *settlementScope, why s
 }
 
 // maxStepsPerReconcile bounds one reconcile's decisions (e.g. lookup → not found →
-// submit → settled is four).
+// Submit → settled is four).
 const maxStepsPerReconcile = 6
 
 // drive carries out the decisions until one says wait, hold or done. It calls the
 // provider at most once per kind (one lookup, one submission) per reconcile.
 func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
 	deleting := !s.bs.DeletionTimestamp.IsZero()
-	var obs observation
+	var obs settlement.Observation
 	looked, submitted := false, false
 	for range maxStepsPerReconcile {
-		d := decide(decisionInput{status: &s.bs.Status, policy: s.policy, deleting: deleting,
-			providerChanged: s.providerChanged(), forceLookup: s.forceLookup && !looked, lookedUp: looked,
-			obs: obs, now: s.now, random: r.random()})
+		d := settlement.Decide(settlement.Input{Status: &s.bs.Status, Policy: s.policy, Deleting: deleting,
+			ProviderChanged: s.providerChanged(), ForceLookup: s.forceLookup && !looked, LookedUp: looked,
+			Obs: obs, Now: s.now, Random: r.random()})
 		r.apply(ctx, s, d, obs)
-		obs = observation{}
-		switch d.action {
-		case actContinue:
+		obs = settlement.Observation{}
+		switch d.Action {
+		case settlement.ActContinue:
 			continue
-		case actSubmit:
+		case settlement.ActSubmit:
 			if submitted || deleting {
 				return ctrl.Result{RequeueAfter: time.Second}, nil
 			}
@@ -635,7 +495,7 @@ func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementSc
 				r.cond(s.bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, reason, held.why)
 				return ctrl.Result{RequeueAfter: held.recheck}, nil
 			}
-		case actLookup:
+		case settlement.ActLookup:
 			if looked {
 				return ctrl.Result{RequeueAfter: time.Second}, nil
 			}
@@ -644,15 +504,15 @@ func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementSc
 			// What follows may be a resend bounded by the key window: judge it by the
 			// clock after the lookup, which may have taken a while.
 			s.now = r.now()
-		case actRelease:
+		case settlement.ActRelease:
 			return r.release(ctx, s)
-		case actWait, actHold:
-			return ctrl.Result{RequeueAfter: d.wait}, nil
+		case settlement.ActWait, settlement.ActHold:
+			return ctrl.Result{RequeueAfter: d.Wait}, nil
 		default:
-			if deleting && HoldsMoney(&s.bs.Status) {
+			if deleting && settlement.HoldsMoney(&s.bs.Status) {
 				// Nothing more to do by itself (e.g. RequiresReconciliation), but the
 				// deletion waits for the provider: keep asking it now and then.
-				return ctrl.Result{RequeueAfter: s.policy.max}, nil
+				return ctrl.Result{RequeueAfter: s.policy.Max}, nil
 			}
 			return ctrl.Result{}, nil
 		}
@@ -663,7 +523,7 @@ func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementSc
 // guardAndSubmit runs the compensation guard and the submission under the charge's
 // lock (compensationLocks), so the guard of one compensation sees the bracket of any
 // other of the same charge; a non-zero result or an error means nothing was sent.
-func (r *BillingSettlementReconciler) guardAndSubmit(ctx context.Context, s *settlementScope, obs *observation, held *providerHold) (ctrl.Result, error) {
+func (r *BillingSettlementReconciler) guardAndSubmit(ctx context.Context, s *settlementScope, obs *settlement.Observation, held *providerHold) (ctrl.Result, error) {
 	unlock, err := compensationLocks.lock(ctx, s.bs)
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("wait for the other compensations of %s: %w", s.bs.Spec.Reverses, err)
@@ -676,15 +536,15 @@ func (r *BillingSettlementReconciler) guardAndSubmit(ctx context.Context, s *set
 	return ctrl.Result{}, err
 }
 
-// providerChanged reports whether the provider now points elsewhere than where the
+// ProviderChanged reports whether the provider now points elsewhere than where the
 // settlement's calls went.
 func (s *settlementScope) providerChanged() bool {
 	sent := s.bs.Status.SentTo
 	return sent != nil && s.provider != nil && *sent != s.target
 }
 
-// submit is the create-pending bracket around the one call that can move money:
-// exposure Possible, where it goes, and the attempt are persisted first, with the
+// Submit is the create-pending bracket around the one call that can move money:
+// Exposure Possible, where it goes, and the attempt are persisted first, with the
 // resourceVersion as compare-and-swap, so two reconciles from one snapshot cannot
 // both send and a crash mid-call leaves a settlement that asks before it resends.
 //
@@ -692,9 +552,9 @@ func (s *settlementScope) providerChanged() bool {
 // deleted (or gone, or another object) nothing is sent and the bracket is undone, so
 // its deletion — which releases only once no settlement holds it, listed live — can
 // never race a first submission into a provider that no longer exists. held says why.
-func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementScope) (_ observation, held providerHold, _ error) {
+func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementScope) (_ settlement.Observation, held providerHold, _ error) {
 	bs, st := s.bs, &s.bs.Status
-	prior, priorLast := EffectiveExposure(st), st.LastSubmission
+	prior, priorLast := settlement.EffectiveExposure(st), st.LastSubmission
 	now := metav1.NewTime(s.now)
 	if st.FirstSubmittedAt == nil {
 		st.FirstSubmittedAt = &now
@@ -716,7 +576,7 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 		fmt.Sprintf("attempt %d in flight with key %s", st.Attempts, bs.Spec.IdempotencyKey))
 	if _, err := statuspatch.Patch(ctx, r.Client, bs, s.before, true); err != nil {
 		bs.Status = *s.before.Status.DeepCopy()
-		return observation{}, providerHold{}, fmt.Errorf("record attempt of billingsettlement %s: %w", bs.Name, err)
+		return settlement.Observation{}, providerHold{}, fmt.Errorf("record attempt of billingsettlement %s: %w", bs.Name, err)
 	}
 	hold, err := r.providerGoing(ctx, s, prior)
 	if err == nil && hold.why == "" {
@@ -726,10 +586,10 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 		bracketed := bs.DeepCopy()
 		bs.Status = *s.before.Status.DeepCopy() // no call was made: exactly as before
 		if _, perr := statuspatch.Patch(ctx, r.Client, bs, bracketed, true); perr != nil {
-			return observation{}, providerHold{}, perr // exposure stays Possible: it is only asked, never lost
+			return settlement.Observation{}, providerHold{}, perr // exposure stays Possible: it is only asked, never lost
 		}
 		s.before = bs.DeepCopy()
-		return observation{}, hold, err
+		return settlement.Observation{}, hold, err
 	}
 	r.countTransition(s)
 	if s.before.Status.Attempts == 0 && r.TransitionEvents {
@@ -750,11 +610,11 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 	rec, err := s.client.Submit(ctx, req)
 	observeBillingCall(bs.Namespace, bs.Spec.BillingProviderRef, "submit", called, err)
 	if err != nil {
-		o := failureObservation(err, s.now, st)
-		o.submit, o.priorExposure, o.priorLastSubmission = true, prior, priorLast
+		o := settlement.FailureObservation(err, s.now, st)
+		o.Submit, o.PriorExposure, o.PriorLastSubmission = true, prior, priorLast
 		return o, providerHold{}, nil
 	}
-	return recordObservation(req, rec, true), providerHold{}, nil
+	return settlement.RecordObservation(req, rec, true), providerHold{}, nil
 }
 
 // providerHold says why nothing may be sent through a BillingProvider now ("" when it
@@ -768,7 +628,7 @@ type providerHold struct {
 
 // lateForKey holds a resend of what may already be at the provider that could arrive
 // after the provider's key window, judged by the clock right before the call: the
-// decision to resend used the reconcile's clock, and the status writes since have no
+// Decision to resend used the reconcile's clock, and the status writes since have no
 // deadline of their own. Past the window the provider no longer deduplicates, so the
 // resend could charge twice; the next reconcile asks first.
 func lateForKey(s *settlementScope, prior hooksv1alpha1.Exposure, now time.Time) providerHold {
@@ -776,8 +636,8 @@ func lateForKey(s *settlementScope, prior hooksv1alpha1.Exposure, now time.Time)
 	if prior != hooksv1alpha1.ExposurePossible || first == nil {
 		return providerHold{}
 	}
-	arrive := now.Add(s.policy.requestTimeout + dateSkew)
-	if arrive.Before(first.Add(s.policy.keyWindow)) {
+	arrive := now.Add(s.policy.RequestTimeout + dateSkew)
+	if arrive.Before(first.Add(s.policy.KeyWindow)) {
 		return providerHold{}
 	}
 	return providerHold{why: "the resend could reach the provider after its idempotency window since the first attempt; " +
@@ -796,7 +656,7 @@ func (r *BillingSettlementReconciler) providerGoing(ctx context.Context, s *sett
 		return providerHold{}, fmt.Errorf("get billingprovider %s: %w", s.bs.Spec.BillingProviderRef, err)
 	case !bp.DeletionTimestamp.IsZero() && prior != hooksv1alpha1.ExposurePossible:
 		// A resend of what may already be there (same key) finishes the job; new
-		// exposure through a provider being deleted is not taken.
+		// Exposure through a provider being deleted is not taken.
 		return providerHold{why: fmt.Sprintf("BillingProvider %q is being deleted; nothing new is sent through it", bp.Name), recheck: waitForReference}, nil
 	case bp.UID != s.provider.UID:
 		return providerHold{why: fmt.Sprintf("BillingProvider %q was replaced; looking again", bp.Name), recheck: waitForReference}, nil
@@ -809,7 +669,7 @@ func (r *BillingSettlementReconciler) providerGoing(ctx context.Context, s *sett
 }
 
 // lookup asks the provider by key (a poll, for a pending record).
-func (r *BillingSettlementReconciler) lookup(ctx context.Context, s *settlementScope) observation {
+func (r *BillingSettlementReconciler) lookup(ctx context.Context, s *settlementScope) settlement.Observation {
 	bs := s.bs
 	if s.reconcileToken != "" {
 		// Acted on once, answered or not: a settlement that may have charged keeps
@@ -821,12 +681,12 @@ func (r *BillingSettlementReconciler) lookup(ctx context.Context, s *settlementS
 	rec, found, err := billing.LookupFor(ctx, s.client, req)
 	observeBillingCall(bs.Namespace, bs.Spec.BillingProviderRef, "lookup", called, err)
 	if err != nil {
-		return failureObservation(err, s.now, &bs.Status)
+		return settlement.FailureObservation(err, s.now, &bs.Status)
 	}
 	if !found {
-		return observation{kind: obsNotFound}
+		return settlement.Observation{Kind: settlement.ObsNotFound}
 	}
-	return recordObservation(req, rec, false)
+	return settlement.RecordObservation(req, rec, false)
 }
 
 // request is what this settlement asks about (and is compared with).
@@ -845,12 +705,12 @@ const dateSkew = time.Minute
 // late dated one and never bill it, and under the same key it refuses an undated one
 // if the dated one was received (the settlement then stops for a human).
 func (s *settlementScope) requestAt(now time.Time) billing.Request {
-	req := requestOf(s.bs, s.reverses, s.reversesRef)
+	req := settlement.RequestOf(s.bs, s.reverses, s.reversesRef)
 	st := &s.bs.Status
 	if st.UsageDatedAt == nil || st.DatedUntil == nil || s.bs.Spec.Usage == nil || s.client == nil {
 		return req
 	}
-	arrive := now.Add(s.policy.requestTimeout + dateSkew)
+	arrive := now.Add(s.policy.RequestTimeout + dateSkew)
 	if !arrive.Before(st.DatedUntil.Time) {
 		return req
 	}
@@ -873,51 +733,18 @@ func (s *settlementScope) dateUsage() {
 		return
 	}
 	// Judged as requestAt judges each attempt: by when it could arrive.
-	arrive := s.now.Add(s.policy.requestTimeout + dateSkew)
+	arrive := s.now.Add(s.policy.RequestTimeout + dateSkew)
 	if until := d.DateUsage(bs.Spec.Usage.Meter, bs.Spec.OccurredAt.Time, arrive); !until.IsZero() {
 		at, u := *bs.Spec.OccurredAt, metav1.NewTime(until)
 		st.UsageDatedAt, st.DatedUntil = &at, &u
 	}
 }
 
-// recordObservation turns a provider record into an observation, comparing it with
-// what we send (fail closed: a missing field is a mismatch).
-func recordObservation(req billing.Request, rec billing.Record, submitted bool) observation {
-	o := observation{kind: obsRecord, submit: submitted, status: rec.Status, record: rec}
-	if m, ok := billing.Match(req, rec); !ok {
-		o.mismatch = &m
-	}
-	return o
-}
-
-// failureObservation classifies a failed call once (the adapter did) and records it
-// as the settlement's last error, which is only ever shown, never decided on.
-func failureObservation(err error, now time.Time, st *hooksv1alpha1.BillingSettlementStatus) observation {
-	st.LastError = settlementError(err, now)
-	o := observation{kind: obsAmbiguous, message: st.LastError.Message}
-	if e, ok := billing.AsError(err); ok {
-		o.retryAfter = e.RetryAfter
-		switch {
-		case e.Unanswerable:
-			o.kind, o.repeatHarmless = obsUnanswerable, e.RepeatHarmless
-		case e.KeyReused:
-			o.kind = obsKeyReused
-		case e.InFlight:
-			o.kind = obsInFlight
-		case e.Class == billing.Transient:
-			o.kind = obsTransient
-		case e.Class == billing.Terminal:
-			o.kind = obsTerminal
-		}
-	}
-	return o
-}
-
 // release drops the protection finalizer of a settlement being deleted: the decision
 // found nothing can be pending at the provider under its key.
 func (r *BillingSettlementReconciler) release(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
 	bs := s.bs
-	if r.Archive != nil && !neverSent(bs) && controllerutil.ContainsFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection) {
+	if r.Archive != nil && !settlement.NeverSent(bs) && controllerutil.ContainsFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection) {
 		// A financial record leaves the cluster only once it is in the archive and read
 		// back (docs/design.md §12); the archiver put it there already, or it goes now.
 		// One that never presented its key anywhere is no financial record: it goes as
@@ -949,30 +776,4 @@ func (r *BillingSettlementReconciler) release(ctx context.Context, s *settlement
 	}
 	s.before = bs.DeepCopy() // nothing more to write: the object is going away
 	return ctrl.Result{}, nil
-}
-
-// neverSent reports whether a settlement never presented its key to any provider.
-func neverSent(bs *hooksv1alpha1.BillingSettlement) bool {
-	st := &bs.Status
-	return st.Attempts == 0 && st.FirstSubmittedAt == nil && st.SentTo == nil && EffectiveExposure(st) == hooksv1alpha1.ExposureNone
-}
-
-// requestOf is what bs asks of the provider; a compensation names the original's
-// settlement key and the provider's reference of it.
-func requestOf(bs *hooksv1alpha1.BillingSettlement, reversesKey, reversesRef string) billing.Request {
-	req := billing.Request{
-		SettlementKey: bs.Spec.SettlementKey, IdempotencyKey: bs.Spec.IdempotencyKey,
-		Type: strings.ToLower(string(bs.Spec.Type)), Reverses: reversesKey, ReversesRef: reversesRef, Customer: bs.Spec.Customer,
-		Metadata: bs.Spec.Metadata,
-	}
-	if req.Type == "" {
-		req.Type = billing.TypeCharge
-	}
-	if u := bs.Spec.Usage; u != nil {
-		req.Usage = &billing.Usage{Meter: u.Meter, Quantity: u.Quantity, Unit: u.Unit}
-	}
-	if a := bs.Spec.Amount; a != nil {
-		req.Amount = &billing.Amount{Minor: a.Minor, Currency: a.Currency}
-	}
-	return req
 }

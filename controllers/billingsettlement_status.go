@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
@@ -20,7 +22,7 @@ import (
 )
 
 // Status computation of a settlement: a decision (settlement_decision.go) becomes
-// status fields, conditions, Kubernetes Events and metrics here, and nowhere else.
+// Status fields, conditions, Kubernetes Events and metrics here, and nowhere else.
 
 // patchStatus writes the settlement's status once per reconcile, only if it changed,
 // with an optimistic lock, and counts the transition.
@@ -46,7 +48,7 @@ func (r *BillingSettlementReconciler) cond(bs *hooksv1alpha1.BillingSettlement, 
 }
 
 // apply copies a decision into the status and says what it means in conditions.
-func (r *BillingSettlementReconciler) apply(ctx context.Context, s *settlementScope, d decision, obs observation) {
+func (r *BillingSettlementReconciler) apply(ctx context.Context, s *settlementScope, d settlement.Decision, obs settlement.Observation) {
 	bs, st := s.bs, &s.bs.Status
 	from := st.State
 	readyBefore := findCondition(bs, hooksv1alpha1.ConditionReady)
@@ -54,28 +56,28 @@ func (r *BillingSettlementReconciler) apply(ctx context.Context, s *settlementSc
 	if readyBefore != nil {
 		prevReason = readyBefore.Reason
 	}
-	st.State, st.Exposure, st.Failures, st.LastSubmission = d.state, d.exposure, d.failures, d.lastSubmission
-	switch d.action {
-	case actWait:
-		next := metav1.NewTime(s.now.Add(d.wait))
+	st.State, st.Exposure, st.Failures, st.LastSubmission = d.State, d.Exposure, d.Failures, d.LastSubmission
+	switch d.Action {
+	case settlement.ActWait:
+		next := metav1.NewTime(s.now.Add(d.Wait))
 		st.NextAttemptAt = &next
-	case actHold, actRelease:
+	case settlement.ActHold, settlement.ActRelease:
 	default:
 		st.NextAttemptAt = nil
 	}
-	if d.disagreement != nil {
-		dis := *d.disagreement
+	if d.Disagreement != nil {
+		dis := *d.Disagreement
 		dis.At = metav1.NewTime(s.now)
 		st.Disagreement = &dis
-	} else if d.clearDisagreement {
+	} else if d.ClearDisagreement {
 		st.Disagreement = nil
 	}
-	if obs.kind == obsRecord || obs.kind == obsNotFound {
+	if obs.Kind == settlement.ObsRecord || obs.Kind == settlement.ObsNotFound {
 		st.LastError = nil
 	}
-	if d.adopt {
-		st.ProviderRef, st.ProviderStatus = obs.record.ID, obs.record.Status
-		if a := obs.record.Amount; a != nil {
+	if d.Adopt {
+		st.ProviderRef, st.ProviderStatus = obs.Record.ID, obs.Record.Status
+		if a := obs.Record.Amount; a != nil {
 			st.ChargedAmount = &hooksv1alpha1.Amount{Minor: a.Minor, Currency: a.Currency}
 		}
 		if st.FirstSubmittedAt == nil { // found by a lookup: it was sent in an earlier life
@@ -86,11 +88,11 @@ func (r *BillingSettlementReconciler) apply(ctx context.Context, s *settlementSc
 	provider := bs.Spec.BillingProviderRef
 	deleting := !bs.DeletionTimestamp.IsZero()
 	switch {
-	case d.action == actRelease || d.action == actContinue && d.reason == "":
+	case d.Action == settlement.ActRelease || d.Action == settlement.ActContinue && d.Reason == "":
 		return
-	case deleting && HoldsMoney(st):
-		r.holdDeletion(s, d.message)
-	case d.state == hooksv1alpha1.SettlementSettled && from != hooksv1alpha1.SettlementSettled:
+	case deleting && settlement.HoldsMoney(st):
+		r.holdDeletion(s, d.Message)
+	case d.State == hooksv1alpha1.SettlementSettled && from != hooksv1alpha1.SettlementSettled:
 		now := metav1.NewTime(s.now)
 		st.SettledAt = &now
 		msg := fmt.Sprintf("settled by %s as %s", provider, st.ProviderRef)
@@ -105,44 +107,44 @@ func (r *BillingSettlementReconciler) apply(ctx context.Context, s *settlementSc
 			r.Recorder.Eventf(bs, nil, corev1.EventTypeNormal, hooksv1alpha1.ReasonProviderSettled, "Settle", "%s", msg)
 		}
 		r.observeReceiptToSettled(ctx, bs)
-	case d.state == hooksv1alpha1.SettlementFailed && from != hooksv1alpha1.SettlementFailed:
-		msg := d.message
-		if d.reason == hooksv1alpha1.ReasonProviderFailed {
-			reason := obs.record.FailureReason
+	case d.State == hooksv1alpha1.SettlementFailed && from != hooksv1alpha1.SettlementFailed:
+		msg := d.Message
+		if d.Reason == hooksv1alpha1.ReasonProviderFailed {
+			reason := obs.Record.FailureReason
 			if reason == "" {
 				reason = "no reason given"
 			}
-			msg = fmt.Sprintf("the provider failed %s: %s", obs.record.ID, conditions.TruncateMessage(reason))
+			msg = fmt.Sprintf("the provider failed %s: %s", obs.Record.ID, conditions.TruncateMessage(reason))
 		}
 		st.NextAttemptAt = nil
-		r.cond(bs, hooksv1alpha1.ConditionSettled, metav1.ConditionFalse, d.reason, msg)
-		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.reason, msg)
-		if d.deadLetter {
+		r.cond(bs, hooksv1alpha1.ConditionSettled, metav1.ConditionFalse, d.Reason, msg)
+		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.Reason, msg)
+		if d.DeadLetter {
 			deadLetters.WithLabelValues(bs.Namespace, bs.Spec.BillingProviderRef).Inc()
-			r.cond(bs, hooksv1alpha1.ConditionDeadLettered, metav1.ConditionTrue, d.reason,
+			r.cond(bs, hooksv1alpha1.ConditionDeadLettered, metav1.ConditionTrue, d.Reason,
 				conditions.TruncateMessage(msg+"; nothing was charged; to retry with the same key: kubectl annotate billingsettlement "+bs.Name+" "+
 					hooksv1alpha1.AnnotationReplay+"=\"$(date +%s)\" --overwrite"))
 			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonRetriesExhausted, "DeadLetter", "%s", conditions.TruncateMessage(msg))
 			return
 		}
-		r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, d.reason, "Fail", "%s", conditions.TruncateMessage(msg))
-	case d.state == hooksv1alpha1.SettlementRequiresReconciliation && d.message != "":
+		r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, d.Reason, "Fail", "%s", conditions.TruncateMessage(msg))
+	case d.State == hooksv1alpha1.SettlementRequiresReconciliation && d.Message != "":
 		// The record is not provably ours: nothing of it (not even its ID) is copied.
-		msg := d.message
-		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.reason, conditions.TruncateMessage(msg+"; see docs/runbook.md"))
-		if from != hooksv1alpha1.SettlementRequiresReconciliation || prevReason != d.reason {
-			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, d.reason, "Reconcile", "%s", conditions.TruncateMessage(msg))
+		msg := d.Message
+		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.Reason, conditions.TruncateMessage(msg+"; see docs/runbook.md"))
+		if from != hooksv1alpha1.SettlementRequiresReconciliation || prevReason != d.Reason {
+			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, d.Reason, "Reconcile", "%s", conditions.TruncateMessage(msg))
 		}
-	case d.action == actWait && d.message != "":
-		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.reason,
-			conditions.TruncateMessage(fmt.Sprintf("%s; next at %s", d.message, st.NextAttemptAt.UTC().Format(time.RFC3339))))
-	case d.action == actHold:
-		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.reason, d.message)
-		if prevReason != d.reason {
-			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, d.reason, "Hold", "%s", d.message)
+	case d.Action == settlement.ActWait && d.Message != "":
+		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.Reason,
+			conditions.TruncateMessage(fmt.Sprintf("%s; next at %s", d.Message, st.NextAttemptAt.UTC().Format(time.RFC3339))))
+	case d.Action == settlement.ActHold:
+		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.Reason, d.Message)
+		if prevReason != d.Reason {
+			r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, d.Reason, "Hold", "%s", d.Message)
 		}
-	case d.action == actLookup && d.reason == hooksv1alpha1.ReasonAwaitingLookup && st.Attempts == 0:
-		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.reason, d.message)
+	case d.Action == settlement.ActLookup && d.Reason == hooksv1alpha1.ReasonAwaitingLookup && st.Attempts == 0:
+		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.Reason, d.Message)
 	}
 }
 
@@ -160,59 +162,11 @@ func (r *BillingSettlementReconciler) holdDeletion(s *settlementScope, why strin
 	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonDeletionBlocked, conditions.TruncateMessage(msg))
 }
 
-type retryPolicy struct {
-	maxAttempts                                         int32
-	maxElapsed, initial, max, keyWindow, requestTimeout time.Duration
-}
-
-func policyOf(bp *hooksv1alpha1.BillingProvider) retryPolicy {
-	p := retryPolicy{maxAttempts: defaultMaxAttempts, maxElapsed: defaultMaxElapsed, initial: defaultInitialBackoff,
-		max: defaultMaxBackoff, keyWindow: durationOr(bp.Spec.IdempotencyWindow, defaultIdempotencyWindow),
-		requestTimeout: durationOr(bp.Spec.RequestTimeout, defaultRequestTimeout)}
-	if rp := bp.Spec.Retry; rp != nil {
-		if rp.MaxAttempts > 0 {
-			p.maxAttempts = rp.MaxAttempts
-		}
-		p.maxElapsed = durationOr(rp.MaxElapsed, p.maxElapsed)
-		p.initial = durationOr(rp.InitialBackoff, p.initial)
-		p.max = durationOr(rp.MaxBackoff, p.max)
-	}
-	return p
-}
-
 func classLabel(err error) string {
 	if e, ok := billing.AsError(err); ok {
 		return strings.ToLower(e.Class.String())
 	}
 	return "ambiguous"
-}
-
-// Error classes as the CRD spells them in status.lastError.class.
-const (
-	errorClassTransient = "Transient"
-	errorClassTerminal  = "Terminal"
-	errorClassAmbiguous = "Ambiguous"
-)
-
-func errorClassName(c billing.Class) string {
-	switch c {
-	case billing.Transient:
-		return errorClassTransient
-	case billing.Terminal:
-		return errorClassTerminal
-	}
-	return errorClassAmbiguous
-}
-
-func settlementError(err error, now time.Time) *hooksv1alpha1.SettlementError {
-	se := &hooksv1alpha1.SettlementError{Class: errorClassAmbiguous, Message: conditions.TruncateMessage(err.Error()), At: metav1.NewTime(now)}
-	if e, ok := billing.AsError(err); ok {
-		se.Class, se.Code = errorClassName(e.Class), e.Code
-		if len(se.Code) > 128 {
-			se.Code = se.Code[:128]
-		}
-	}
-	return se
 }
 
 func findCondition(bs *hooksv1alpha1.BillingSettlement, typ string) *metav1.Condition {
@@ -233,22 +187,6 @@ func (r *BillingSettlementReconciler) observeReceiptToSettled(ctx context.Contex
 		}
 	}
 	receiptToSettled.Observe(r.now().Sub(start).Seconds())
-}
-
-// RecordMatches says whether a provider's record is provably the settlement it is
-// filed under (fail closed: a field we send that the record lacks is a mismatch).
-// reversesKey is the settlement key of the original, for a compensation.
-func RecordMatches(bs *hooksv1alpha1.BillingSettlement, reversesKey string, rec billing.Record) (billing.Mismatch, bool) {
-	return billing.Match(requestOf(bs, reversesKey, ""), rec)
-}
-
-// truncateToken bounds an annotation token to what status stores, before comparing,
-// so an over-long token is not taken as new on every reconcile.
-func truncateToken(t string) string {
-	if len(t) > 256 {
-		return t[:256]
-	}
-	return t
 }
 
 // chargeDisplay is status.charge: what the settlement charges, for the CHARGE column.

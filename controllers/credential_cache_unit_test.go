@@ -14,7 +14,7 @@ import (
 )
 
 // countingReader serves one Secret and counts the reads; the cache's rules (TTL,
-// failures never kept, forget) are about when it reads, not about the API server.
+// Failures never kept, forget) are about when it reads, not about the API server.
 type countingReader struct {
 	client.Reader
 	reads int

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
@@ -218,14 +220,14 @@ func (r *JobCompletionReconciler) applied(jc *hooksv1alpha1.JobCompletion, v int
 // settlement's (settlement_decision.go: exponential, jittered downward, Retry-After
 // capped at twice the maximum).
 var (
-	sinkRetryPolicy = retryPolicy{initial: time.Second, max: 5 * time.Minute}
-	sinkDeferPolicy = retryPolicy{initial: 2 * time.Second, max: time.Minute}
+	sinkRetryPolicy = settlement.RetryPolicy{Initial: time.Second, Max: 5 * time.Minute}
+	sinkDeferPolicy = settlement.RetryPolicy{Initial: 2 * time.Second, Max: time.Minute}
 )
 
 func (r *JobCompletionReconciler) retry(jc *hooksv1alpha1.JobCompletion, msg string, retryAfter time.Duration) (ctrl.Result, error) {
 	st := &jc.Status
 	st.LastError = conditions.TruncateMessage(msg)
-	wait := retryWait(st.Attempts, sinkRetryPolicy, retryAfter, rand.Float64())
+	wait := settlement.RetryWait(st.Attempts, sinkRetryPolicy, retryAfter, rand.Float64())
 	next := metav1.NewTime(r.now().Add(wait))
 	st.NextAttemptAt = &next
 	conditions.Set(&st.Conditions, jc.Generation, hooksv1alpha1.ConditionApplied, metav1.ConditionFalse,
@@ -244,7 +246,7 @@ func (r *JobCompletionReconciler) defer404(jc *hooksv1alpha1.JobCompletion, sink
 		r.Recorder.Eventf(jc, nil, corev1.EventTypeNormal, hooksv1alpha1.ReasonSinkDeferred, "Apply",
 			"the sink does not know job %q yet; retrying until the defer deadline", jc.Spec.JobID)
 	}
-	deadline := st.DeferredSince.Add(durationOr(sink.DeferDeadline, time.Hour))
+	deadline := st.DeferredSince.Add(settlement.DurationOr(sink.DeferDeadline, time.Hour))
 	if !now.Before(deadline) {
 		st.State, st.NextAttemptAt = hooksv1alpha1.JobCompletionRequiresReconciliation, nil
 		msg := fmt.Sprintf("the sink still did not know job %q at the defer deadline (%s)", jc.Spec.JobID, deadline.UTC().Format(time.RFC3339))
@@ -254,7 +256,7 @@ func (r *JobCompletionReconciler) defer404(jc *hooksv1alpha1.JobCompletion, sink
 		return ctrl.Result{}, nil
 	}
 	st.State, st.LastError = hooksv1alpha1.JobCompletionDeferred, ""
-	wait := retryWait(st.Attempts, sinkDeferPolicy, 0, rand.Float64())
+	wait := settlement.RetryWait(st.Attempts, sinkDeferPolicy, 0, rand.Float64())
 	if left := deadline.Sub(now); wait > left {
 		wait = left
 	}

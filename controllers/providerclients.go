@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -53,7 +55,7 @@ func (pc *providerClients) get(ctx context.Context, reader client.Reader,
 		newClient = adapters.New // the adapter of bp.Spec.Type
 	}
 	c, err := newClient(adapters.Settings{Provider: bp.DeepCopy(), Token: token,
-		Timeout: durationOr(bp.Spec.RequestTimeout, defaultRequestTimeout)})
+		Timeout: settlement.DurationOr(bp.Spec.RequestTimeout, settlement.DefaultRequestTimeout)})
 	if err != nil {
 		return nil, fmt.Errorf("billing provider %s: %w", bp.Name, err)
 	}

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
@@ -102,7 +104,7 @@ type listWalk struct {
 	generation           int64
 	cursor               string
 	// seen holds the idempotency keys of this provider's settlements whose settled
-	// record the walk listed (each was then confirmed or reported).
+	// Record the walk listed (each was then confirmed or reported).
 	seen map[string]bool
 }
 
@@ -463,7 +465,7 @@ type archivedCheck struct {
 // addUnlessArchived adds the findings whose key (the name of the missing object) the
 // archive does not hold (all of them without an archive) and that the API server does
 // not have either: the pass compares cached lists taken one after the other, so a
-// record created or archived in between would otherwise be reported as missing. An
+// Record created or archived in between would otherwise be reported as missing. An
 // archive that does not answer fails the pass: reporting an archived record as missing
 // would send a human after a charge that is fine.
 func (r *BillingProviderReconciler) addUnlessArchived(ctx context.Context, ns string, checks []archivedCheck, p *passState,
@@ -530,7 +532,7 @@ func (r *BillingProviderReconciler) orphanedSettlements(ctx context.Context, ns 
 			Message: conditions.TruncateMessage(fmt.Sprintf("names BillingProvider %q, which does not exist in %s: nothing is sent for it and no pass "+
 				"compares it; create that provider, or fix the route that made it (kubectl get webhookproviders -n %s) "+
 				"and delete this settlement once nothing was sent (its exposure is %s)",
-				ref, ns, ns, EffectiveExposure(&bs.Status)))})
+				ref, ns, ns, settlement.EffectiveExposure(&bs.Status)))})
 	}
 	return nil
 }
@@ -613,7 +615,7 @@ func (r *BillingProviderReconciler) compareUnknown(ctx context.Context, ns strin
 			p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyProviderSettledLocalPending, Object: object, ProviderRef: rec.ID,
 				Action: hooksv1alpha1.RepairManualReview,
 				Message: fmt.Sprintf("the provider has %s %s under key %s, but the settlement was archived as %s; archived records are final: review it",
-					rec.ID, rec.Status, bs.Spec.IdempotencyKey, orNew(bs.Status.State))})
+					rec.ID, rec.Status, bs.Spec.IdempotencyKey, settlement.StateOrNew(bs.Status.State))})
 		}
 	}
 	return nil
@@ -748,7 +750,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 					ProviderRef: rec.ID, Action: hooksv1alpha1.RepairManualReview, Message: why})
 				continue
 			}
-			if bs.Status.ProviderRef != "" && rec.ID != bs.Status.ProviderRef && EffectiveExposure(&bs.Status) == hooksv1alpha1.ExposureConfirmed {
+			if bs.Status.ProviderRef != "" && rec.ID != bs.Status.ProviderRef && settlement.EffectiveExposure(&bs.Status) == hooksv1alpha1.ExposureConfirmed {
 				// A second record under one key: a double charge, or the provider
 				// re-created it. Never confirmed; a human looks.
 				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyAmountMismatch, Object: "BillingSettlement/" + bs.Name,
@@ -771,7 +773,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyProviderSettledLocalPending,
 					Object: "BillingSettlement/" + bs.Name, ProviderRef: rec.ID, Action: hooksv1alpha1.RepairAuthoritativeQuery,
 					CarriedOut: carried,
-					Message:    fmt.Sprintf("the provider settled %s; locally %s: importing the provider's final status by key", rec.ID, orNew(bs.Status.State))})
+					Message:    fmt.Sprintf("the provider settled %s; locally %s: importing the provider's final status by key", rec.ID, settlement.StateOrNew(bs.Status.State))})
 			case rec.Status == billing.StatusSettled:
 				r.markReconciled(ctx, bs, rec, now)
 			}
@@ -819,7 +821,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 			return err
 		}
 		called := time.Now()
-		rec, found, err := billing.LookupFor(ctx, c, requestOf(bs, reverses, reversesRef))
+		rec, found, err := billing.LookupFor(ctx, c, settlement.RequestOf(bs, reverses, reversesRef))
 		observeBillingCall(bp.Namespace, bp.Name, "lookup", called, err)
 		if e, ok := billing.AsError(err); ok && e.Unanswerable {
 			if e.Unreadable && sentHere(bs) {
@@ -904,23 +906,16 @@ func (r *BillingProviderReconciler) settledVoidOf(ctx context.Context, bs *hooks
 
 // notProvablyOurs says why a provider record under a settlement's key cannot confirm
 // it ("" when it can): a field that differs or is missing (fail closed), or an earlier
-// disagreement the settlement recorded. It names fields, never another record's values.
+// Disagreement the settlement recorded. It names fields, never another record's values.
 func (r *BillingProviderReconciler) notProvablyOurs(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, rec billing.Record) string {
 	reverses, _, _ := reversedKey(ctx, r.Client, r.Archive, bs) // unreadable: "" fails the comparison, closed
-	if m, ok := RecordMatches(bs, reverses, rec); !ok {
+	if m, ok := settlement.RecordMatches(bs, reverses, rec); !ok {
 		return fmt.Sprintf("the provider's record %s under key %s is not provably this settlement: %s", rec.ID, bs.Spec.IdempotencyKey, m)
 	}
 	if d := bs.Status.Disagreement; d != nil {
 		return fmt.Sprintf("the provider's record %s is not confirmed: the settlement recorded a disagreement (%s %s)", rec.ID, d.Reason, d.Field)
 	}
 	return ""
-}
-
-func orNew(s hooksv1alpha1.SettlementState) string {
-	if s == "" {
-		return "new"
-	}
-	return string(s)
 }
 
 // requestReconcile asks a settlement's own controller to query the provider by key,

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+
 	"testing"
 	"time"
 
@@ -41,7 +43,7 @@ func TestUsageDating(t *testing.T) {
 	}
 	// Not pinned when the first attempt could arrive after the bound.
 	late := &settlementScope{bs: &hooksv1alpha1.BillingSettlement{Spec: *bs.Spec.DeepCopy()}, now: now.Add(39*time.Minute + 30*time.Second),
-		client: dater{until: now.Add(40 * time.Minute)}, policy: retryPolicy{requestTimeout: time.Second}}
+		client: dater{until: now.Add(40 * time.Minute)}, policy: settlement.RetryPolicy{RequestTimeout: time.Second}}
 	late.dateUsage()
 	if late.bs.Status.UsageDatedAt != nil {
 		t.Fatalf("pinned %v for a first attempt that could arrive after the bound", late.bs.Status.UsageDatedAt)
@@ -53,7 +55,7 @@ func TestUsageDating(t *testing.T) {
 		t.Fatal("the pinned date was dropped")
 	}
 	// Sent so late that it could arrive (request timeout + skew) after datedUntil.
-	s.client, s.policy.requestTimeout = dater{until: now.Add(40 * time.Minute)}, 30*time.Second
+	s.client, s.policy.RequestTimeout = dater{until: now.Add(40 * time.Minute)}, 30*time.Second
 	if got := s.requestAt(now.Add(38*time.Minute + 29*time.Second)).OccurredAt; !got.Equal(done.Time) {
 		t.Fatalf("sent %v 91 s before datedUntil, want dated", got)
 	}
@@ -92,7 +94,7 @@ func TestUsageDating(t *testing.T) {
 // with nothing at the provider, never is.
 func TestLateForKey(t *testing.T) {
 	first := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	p := retryPolicy{keyWindow: 24 * time.Hour, requestTimeout: 30 * time.Second}
+	p := settlement.RetryPolicy{KeyWindow: 24 * time.Hour, RequestTimeout: 30 * time.Second}
 	scope := func(sent bool) *settlementScope {
 		bs := &hooksv1alpha1.BillingSettlement{}
 		if sent {

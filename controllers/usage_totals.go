@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
 
 	"context"
@@ -99,7 +101,7 @@ func (r *BillingProviderReconciler) compareUsageTotals(ctx context.Context, bp *
 	lag, skew := r.usageTotalsLag(), r.usageClockSkew()
 	// A settlement's answer is dated at the start of its reconcile, before the call:
 	// the provider may receive it up to a request timeout later.
-	timeout := durationOr(bp.Spec.RequestTimeout, defaultRequestTimeout)
+	timeout := settlement.DurationOr(bp.Spec.RequestTimeout, settlement.DefaultRequestTimeout)
 	start, end := windowStart.Add(-lag).Truncate(time.Minute), now.Add(-lag).Truncate(time.Minute)
 	if m := r.usage.get(bp.UID); !m.IsZero() {
 		start = m // the last comparison ended there: a window Stripe did not answer for is not skipped
@@ -139,7 +141,7 @@ func (r *BillingProviderReconciler) compareUsageTotals(ctx context.Context, bp *
 	for i := range settlements {
 		bs := &settlements[i]
 		cancels := bs.Spec.Type == hooksv1alpha1.SettlementVoid || (bs.Spec.Type == hooksv1alpha1.SettlementRefund && bs.Spec.Amount == nil)
-		if bs.Spec.Reverses != "" && cancels && EffectiveExposure(&bs.Status) != hooksv1alpha1.ExposureNone {
+		if bs.Spec.Reverses != "" && cancels && settlement.EffectiveExposure(&bs.Status) != hooksv1alpha1.ExposureNone {
 			reversed[bs.Spec.Reverses] = true
 		}
 	}
@@ -290,7 +292,7 @@ func (r *BillingProviderReconciler) compareUsageTotals(ctx context.Context, bp *
 // false when nothing can have been sent (exposure None).
 func liveUsageSpan(bs *hooksv1alpha1.BillingSettlement, reversed bool) (usageSpan, bool) {
 	st := &bs.Status
-	exposure := EffectiveExposure(st)
+	exposure := settlement.EffectiveExposure(st)
 	if exposure == hooksv1alpha1.ExposureNone {
 		return usageSpan{}, false
 	}

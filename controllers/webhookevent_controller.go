@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
@@ -170,7 +172,7 @@ func (r *WebhookEventReconciler) writeStatus(ctx context.Context, ev, before *ho
 const DefaultEventStatusDelay = 5 * time.Second
 
 // heldDecisions keeps, in memory, the operations a first dispatch decided while its
-// status write is held, so the reconcile that writes them goes on from that decision
+// Status write is held, so the reconcile that writes them goes on from that decision
 // rather than deciding again: a child deleted in the meantime is then seen as deleted
 // (and not created again, §5.1), and the archive is not asked twice. Only a restart
 // inside the hold loses it; the next leader decides again from the children.
@@ -250,7 +252,7 @@ func (r *WebhookEventReconciler) retention(ctx context.Context, ev *hooksv1alpha
 	var wp hooksv1alpha1.WebhookProvider
 	if err := r.Get(ctx, types.NamespacedName{Namespace: ev.Namespace, Name: ev.Spec.Provider}, &wp); err == nil {
 		if rs := wp.Spec.Retention; rs != nil {
-			keep = durationOr(rs.Events, keep)
+			keep = settlement.DurationOr(rs.Events, keep)
 		}
 	} else if !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, false, fmt.Errorf("get webhookprovider %s: %w", ev.Spec.Provider, err)
@@ -599,7 +601,7 @@ func newJobCompletion(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.JobComple
 		ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: name, Labels: map[string]string{
 			hooksv1alpha1.LabelProvider: ev.Spec.Provider,
 			hooksv1alpha1.LabelJob:      identity.Hash32(f.JobID),
-			hooksv1alpha1.LabelEvent:    eventHash(ev),
+			hooksv1alpha1.LabelEvent:    settlement.EventHash(ev),
 		}},
 		Spec: hooksv1alpha1.JobCompletionSpec{Provider: ev.Spec.Provider, JobID: f.JobID, Completion: proposed,
 			Sink: f.Sink.DeepCopy()},
@@ -732,7 +734,7 @@ func supersededOutcome(op hooksv1alpha1.OperationStatus, job jobReport, current 
 // so an event whose completion is older than the job's never creates it.
 func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alpha1.WebhookEvent,
 	f *hooksv1alpha1.SettlementFacts, prev hooksv1alpha1.OperationStatus, job jobReport) (hooksv1alpha1.OperationStatus, error) {
-	want := NewSettlement(ev, f)
+	want := settlement.New(ev, f)
 	if f.Usage != nil && job.completedAt != nil {
 		want.Spec.OccurredAt = job.completedAt.DeepCopy()
 	}
@@ -874,35 +876,6 @@ func (r *WebhookEventReconciler) legacySettlement(ctx context.Context, ev *hooks
 	return bs, bs.Spec.SettlementKey == k.LegacyKey()
 }
 
-// NewSettlement builds the BillingSettlement an event's settlement facts ask for: its
-// name derives from the settlement key (identity.SettlementNameFor), its idempotency
-// key from the namespace and the settlement key, so every event asking for the same
-// charge names the same object and the same provider key, and no other tenant's
-// charge ever presents that key.
-func NewSettlement(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.SettlementFacts) *hooksv1alpha1.BillingSettlement {
-	labels := map[string]string{
-		hooksv1alpha1.LabelProvider:        ev.Spec.Provider,
-		hooksv1alpha1.LabelSettlement:      identity.Hash32(f.SettlementKey),
-		hooksv1alpha1.LabelBillingProvider: f.BillingProviderRef,
-		hooksv1alpha1.LabelEvent:           eventHash(ev),
-	}
-	if f.JobID != "" {
-		labels[hooksv1alpha1.LabelJob] = identity.Hash32(f.JobID)
-	}
-	return &hooksv1alpha1.BillingSettlement{
-		// The protection finalizer is set at creation: no separate write later, and no
-		// window in which a settlement exists without it.
-		ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: identity.SettlementNameFor(ev.Spec.Provider, f.SettlementKey),
-			Labels: labels, Finalizers: []string{hooksv1alpha1.FinalizerSettlementProtection}},
-		Spec: hooksv1alpha1.BillingSettlementSpec{
-			BillingProviderRef: f.BillingProviderRef, SettlementKey: f.SettlementKey,
-			IdempotencyKey: identity.NamespacedIdempotencyKey(ev.Namespace, f.SettlementKey), Type: hooksv1alpha1.SettlementCharge,
-			Customer: f.Customer, Usage: f.Usage.DeepCopy(), Amount: f.Amount.DeepCopy(), JobID: f.JobID,
-			WebhookProvider: ev.Spec.Provider, SourceEvent: ev.Name,
-		},
-	}
-}
-
 // sameCharge compares what would be charged, not which event asked first. A
 // settlement stored before keys were namespaced holds the same operation's legacy
 // settlement key and idempotency key (and a stored event's legacy key is charged with
@@ -932,11 +905,6 @@ func sameOperation(a, b string) bool {
 		return key
 	}
 	return a == b || legacy(a) == legacy(b) && (a == legacy(a) || b == legacy(b))
-}
-
-// eventHash is the hash part of an event's name, short enough for a label value.
-func eventHash(ev *hooksv1alpha1.WebhookEvent) string {
-	return identity.Hash32(ev.Namespace, ev.Spec.Provider, ev.Spec.EventID)
 }
 
 // health classifies a child's state for the event's phase.
@@ -979,7 +947,7 @@ func operationHealth(op hooksv1alpha1.OperationStatus) health {
 func mirroredJobState(jc *hooksv1alpha1.JobCompletion) string {
 	if jc.Status.ObservedGeneration != jc.Generation {
 		// A newer version was proposed and not taken up yet: its state is not the
-		// status's (that one is the previous version's).
+		// Status's (that one is the previous version's).
 		return string(hooksv1alpha1.JobCompletionPending)
 	}
 	if jc.Status.LastError != "" && jc.Status.State == hooksv1alpha1.JobCompletionPending {

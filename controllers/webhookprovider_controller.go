@@ -97,7 +97,7 @@ func (r *WebhookProviderReconciler) interval(reason string) time.Duration {
 }
 
 // check returns the Ready condition's status, reason and message; err is only for
-// failures worth a retry (the API server did not answer).
+// Failures worth a retry (the API server did not answer).
 func (r *WebhookProviderReconciler) check(ctx context.Context, p *hooksv1alpha1.WebhookProvider) (metav1.ConditionStatus, string, string, error) {
 	if _, err := extract.Compile(p.Namespace, p.Name, &p.Spec); err != nil {
 		return metav1.ConditionFalse, hooksv1alpha1.ReasonInvalidSpec, err.Error(), nil

@@ -1,4 +1,4 @@
-package controllers_test
+package settlement_test
 
 import (
 	"errors"
@@ -11,8 +11,8 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
-	"github.com/settlement-operator/settlement-operator/controllers"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
 
@@ -20,7 +20,7 @@ import (
 func operatorMade(ns, key, jobID string) *hooksv1alpha1.BillingSettlement {
 	ev := &hooksv1alpha1.WebhookEvent{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-e1"},
 		Spec: hooksv1alpha1.WebhookEventSpec{Provider: "inference", EventID: "e1"}}
-	return controllers.NewSettlement(ev, &hooksv1alpha1.SettlementFacts{SettlementKey: key, JobID: jobID,
+	return settlement.New(ev, &hooksv1alpha1.SettlementFacts{SettlementKey: key, JobID: jobID,
 		BillingProviderRef: "billing", Customer: "cus_1", Amount: &hooksv1alpha1.Amount{Minor: 1, Currency: "USD"}})
 }
 
@@ -99,14 +99,14 @@ func TestValidateSettlementIdentity(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := controllers.ValidateSettlementIdentity(tt.bs)
+			err := settlement.ValidateIdentity(tt.bs)
 			if tt.want == nil {
 				if err != nil {
 					t.Fatalf("refused a valid settlement: %v", err)
 				}
 				return
 			}
-			if !errors.Is(err, controllers.ErrSettlementIdentity) {
+			if !errors.Is(err, settlement.ErrIdentity) {
 				t.Fatalf("got %v, want ErrSettlementIdentity", err)
 			}
 			for _, w := range tt.want {
@@ -134,7 +134,7 @@ func TestSampleSettlementsHaveAValidIdentity(t *testing.T) {
 			t.Fatalf("%s: %v", f, err)
 		}
 		bs.Namespace = "default"
-		if err := controllers.ValidateSettlementIdentity(&bs); err != nil {
+		if err := settlement.ValidateIdentity(&bs); err != nil {
 			t.Errorf("%s: %v", filepath.Base(f), err)
 		}
 	}

@@ -1,21 +1,23 @@
-package controllers
+package settlement
 
 import (
 	"errors"
 	"fmt"
 	"strings"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 )
 
-// ErrSettlementIdentity marks a settlement whose name or idempotency key is not the
+// ErrIdentity marks a settlement whose name or idempotency key is not the
 // one derived from its settlement key (and namespace). Submitting it could charge
 // under another operation's key, or another tenant's, and be deduplicated onto that
 // charge: it is input a human must fix (reconcile.TerminalError), never retried.
-var ErrSettlementIdentity = errors.New("the settlement's identity is not derived from its settlement key")
+var ErrIdentity = errors.New("the settlement's identity is not derived from its settlement key")
 
-// ValidateSettlementIdentity checks that a settlement's metadata.name and
+// ValidateIdentity checks that a settlement's metadata.name and
 // spec.idempotencyKey are the ones derived from its spec.settlementKey, so that a
 // hand-made settlement cannot present a key that belongs to another operation or
 // another namespace. CEL cannot check this on the CRD: Kubernetes' CEL libraries have
@@ -34,7 +36,7 @@ var ErrSettlementIdentity = errors.New("the settlement's identity is not derived
 //
 // The error wraps ErrSettlementIdentity and says which values are expected. It is
 // pure: the BillingSettlement controller calls it before any call to a provider.
-func ValidateSettlementIdentity(bs *hooksv1alpha1.BillingSettlement) error {
+func ValidateIdentity(bs *hooksv1alpha1.BillingSettlement) error {
 	key, ns := bs.Spec.SettlementKey, bs.Namespace
 	var problems []string
 	if k, ok := identity.ParseSettlementKey(key); ok {
@@ -70,7 +72,7 @@ func ValidateSettlementIdentity(bs *hooksv1alpha1.BillingSettlement) error {
 		return nil
 	}
 	return fmt.Errorf("%w: %s; the spec is immutable, so create a settlement with these values instead",
-		ErrSettlementIdentity, strings.Join(problems, "; "))
+		ErrIdentity, strings.Join(problems, "; "))
 }
 
 // legacyNameProblem checks "<prefix>-stl-<h(settlementKey)>", the name of a
@@ -87,4 +89,38 @@ func legacyNameProblem(bs *hooksv1alpha1.BillingSettlement) string {
 		return fmt.Sprintf("metadata.name is %q, want <prefix>%s (derived from spec.settlementKey)", bs.Name, suffix)
 	}
 	return ""
+}
+
+// New builds the BillingSettlement an event's settlement facts ask for: its
+// name derives from the settlement key (identity.SettlementNameFor), its idempotency
+// key from the namespace and the settlement key, so every event asking for the same
+// charge names the same object and the same provider key, and no other tenant's
+// charge ever presents that key.
+func New(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.SettlementFacts) *hooksv1alpha1.BillingSettlement {
+	labels := map[string]string{
+		hooksv1alpha1.LabelProvider:        ev.Spec.Provider,
+		hooksv1alpha1.LabelSettlement:      identity.Hash32(f.SettlementKey),
+		hooksv1alpha1.LabelBillingProvider: f.BillingProviderRef,
+		hooksv1alpha1.LabelEvent:           EventHash(ev),
+	}
+	if f.JobID != "" {
+		labels[hooksv1alpha1.LabelJob] = identity.Hash32(f.JobID)
+	}
+	return &hooksv1alpha1.BillingSettlement{
+		// The protection finalizer is set at creation: no separate write later, and no
+		// window in which a settlement exists without it.
+		ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: identity.SettlementNameFor(ev.Spec.Provider, f.SettlementKey),
+			Labels: labels, Finalizers: []string{hooksv1alpha1.FinalizerSettlementProtection}},
+		Spec: hooksv1alpha1.BillingSettlementSpec{
+			BillingProviderRef: f.BillingProviderRef, SettlementKey: f.SettlementKey,
+			IdempotencyKey: identity.NamespacedIdempotencyKey(ev.Namespace, f.SettlementKey), Type: hooksv1alpha1.SettlementCharge,
+			Customer: f.Customer, Usage: f.Usage.DeepCopy(), Amount: f.Amount.DeepCopy(), JobID: f.JobID,
+			WebhookProvider: ev.Spec.Provider, SourceEvent: ev.Name,
+		},
+	}
+}
+
+// EventHash is the hash part of an event's name, short enough for a label value.
+func EventHash(ev *hooksv1alpha1.WebhookEvent) string {
+	return identity.Hash32(ev.Namespace, ev.Spec.Provider, ev.Spec.EventID)
 }

@@ -1,4 +1,4 @@
-package controllers
+package settlement
 
 import (
 	"testing"
@@ -50,7 +50,7 @@ func TestSettlementHoldsProvider(t *testing.T) {
 			bs := &hooksv1alpha1.BillingSettlement{Status: hooksv1alpha1.BillingSettlementStatus{
 				Exposure: tc.exposure, State: tc.state, FirstSubmittedAt: tc.firstSubmitted, OutcomeUnknown: tc.outcomeUnknown,
 			}}
-			if got := SettlementHoldsProvider(bs); got != tc.want {
+			if got := HoldsProvider(bs); got != tc.want {
 				t.Errorf("SettlementHoldsProvider(exposure %q, state %q, firstSubmittedAt %v, outcomeUnknown %v) = %v, want %v",
 					tc.exposure, tc.state, tc.firstSubmitted != nil, tc.outcomeUnknown, got, tc.want)
 			}

@@ -1,4 +1,4 @@
-package controllers
+package settlement
 
 import (
 	"fmt"
@@ -17,7 +17,7 @@ import (
 
 var (
 	t0     = time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
-	policy = retryPolicy{maxAttempts: 5, maxElapsed: time.Hour, initial: time.Second, max: time.Minute, keyWindow: 24 * time.Hour}
+	policy = RetryPolicy{MaxAttempts: 5, MaxElapsed: time.Hour, Initial: time.Second, Max: time.Minute, KeyWindow: 24 * time.Hour}
 )
 
 type (
@@ -39,18 +39,18 @@ const (
 var (
 	allStates    = []S{pending, submitted, settled, failed, rr}
 	allExposures = []E{none, possible, confirmed}
-	allObs       = []observationKind{obsNone, obsRecord, obsNotFound, obsTransient, obsAmbiguous, obsTerminal, obsKeyReused, obsInFlight, obsUnanswerable}
+	allObs       = []ObservationKind{ObsNone, ObsRecord, ObsNotFound, ObsTransient, ObsAmbiguous, ObsTerminal, ObsKeyReused, ObsInFlight, ObsUnanswerable}
 	recStatuses  = []string{billing.StatusPending, billing.StatusSettled, billing.StatusFailed}
 )
 
 // firstAttempts are how long before now the first attempt was, for the sweep: -1
 // keeps statusOfPair's; answers the key window bounds (an unanswerable lookup) get
 // none, one well inside it, one just before resendableUntil's margin and one past it.
-func firstAttempts(st *hooksv1alpha1.BillingSettlementStatus, kind observationKind) []time.Duration {
-	if kind != obsUnanswerable && kind != obsNotFound || st.FirstSubmittedAt == nil {
+func firstAttempts(st *hooksv1alpha1.BillingSettlementStatus, kind ObservationKind) []time.Duration {
+	if kind != ObsUnanswerable && kind != ObsNotFound || st.FirstSubmittedAt == nil {
 		return []time.Duration{-1}
 	}
-	out := []time.Duration{-1, time.Minute, policy.keyWindow - 30*time.Second, policy.keyWindow + time.Hour}
+	out := []time.Duration{-1, time.Minute, policy.KeyWindow - 30*time.Second, policy.KeyWindow + time.Hour}
 	if st.State == pending {
 		out = append(out, unsentFirst) // a hand-made record: Possible, never sent by itself
 	}
@@ -79,21 +79,21 @@ func TestDecisionInvariants(t *testing.T) {
 				for _, submit := range []bool{false, true} {
 					for _, deleting := range []bool{false, true} {
 						for _, spent := range []bool{false, true} {
-							if kind == obsKeyReused && !submit {
+							if kind == ObsKeyReused && !submit {
 								continue // only a submission can be told the key is reused
 							}
 							statuses := []string{""}
-							if kind == obsRecord {
+							if kind == ObsRecord {
 								statuses = recStatuses
 							}
 							for _, rs := range statuses {
 								st := statusOfPair(state, exp)
 								if spent {
-									st.Attempts = policy.maxAttempts
+									st.Attempts = policy.MaxAttempts
 								}
 								for _, last := range []hooksv1alpha1.SubmissionOutcome{"", hooksv1alpha1.SubmissionMaybeReceived, hooksv1alpha1.SubmissionNotReceived, hooksv1alpha1.SubmissionRefused} {
 									for _, firstAgo := range firstAttempts(st, kind) {
-										for _, harmless := range []bool{false, kind == obsUnanswerable} {
+										for _, harmless := range []bool{false, kind == ObsUnanswerable} {
 											st := st.DeepCopy()
 											st.LastSubmission = last
 											if firstAgo >= 0 && st.FirstSubmittedAt != nil {
@@ -105,10 +105,10 @@ func TestDecisionInvariants(t *testing.T) {
 											if st.FirstSubmittedAt != nil {
 												st.LastAttemptAt = &metav1.Time{Time: t0.Add(-5 * time.Second)}
 											}
-											in := decisionInput{status: st, policy: policy, deleting: deleting, now: t0, random: 0.5,
-												obs: observation{kind: kind, submit: submit, status: rs, priorExposure: exp,
-													priorLastSubmission: last, message: "x", repeatHarmless: harmless}}
-											d := decide(in)
+											in := Input{Status: st, Policy: policy, Deleting: deleting, Now: t0, Random: 0.5,
+												Obs: Observation{Kind: kind, Submit: submit, Status: rs, PriorExposure: exp,
+													PriorLastSubmission: last, Message: "x", RepeatHarmless: harmless}}
+											d := Decide(in)
 											n++
 											name := fmt.Sprintf("%s/%s/%s/submit=%v/deleting=%v/spent=%v/%s/last=%s/first=-%s/harmless=%v", state, exp, kind, submit, deleting, spent, rs, last, firstAgo, harmless)
 											checkInvariants(t, name, in, d)
@@ -125,107 +125,107 @@ func TestDecisionInvariants(t *testing.T) {
 	t.Logf("%d pairs checked", n)
 }
 
-func checkInvariants(t *testing.T, name string, in decisionInput, d decision) {
+func checkInvariants(t *testing.T, name string, in Input, d Decision) {
 	t.Helper()
-	exp := EffectiveExposure(in.status)
-	if d.deadLetter && d.exposure != none {
-		t.Errorf("%s: dead-lettered with exposure %s", name, d.exposure)
+	exp := EffectiveExposure(in.Status)
+	if d.DeadLetter && d.Exposure != none {
+		t.Errorf("%s: dead-lettered with exposure %s", name, d.Exposure)
 	}
-	if d.deadLetter && in.obs.kind == obsNone && in.status.LastSubmission == hooksv1alpha1.SubmissionMaybeReceived {
+	if d.DeadLetter && in.Obs.Kind == ObsNone && in.Status.LastSubmission == hooksv1alpha1.SubmissionMaybeReceived {
 		t.Errorf("%s: dead-lettered after a submission the provider may still be processing", name)
 	}
-	if d.deadLetter && in.obs.submit && (in.obs.kind == obsAmbiguous || in.obs.kind == obsInFlight) {
+	if d.DeadLetter && in.Obs.Submit && (in.Obs.Kind == ObsAmbiguous || in.Obs.Kind == ObsInFlight) {
 		t.Errorf("%s: dead-lettered right after an ambiguous submission", name)
 	}
-	if d.deadLetter && d.state != failed {
-		t.Errorf("%s: dead-lettered but state %s", name, d.state)
+	if d.DeadLetter && d.State != failed {
+		t.Errorf("%s: dead-lettered but state %s", name, d.State)
 	}
-	if d.action == actSubmit && exp != none && in.obs.kind != obsNotFound && !(in.obs.kind == obsUnanswerable && !in.obs.submit) {
+	if d.Action == ActSubmit && exp != none && in.Obs.Kind != ObsNotFound && !(in.Obs.Kind == ObsUnanswerable && !in.Obs.Submit) {
 		// (A lookup the provider cannot answer is answered by resending under the key,
 		// inside its window: the provider replays its first answer.)
 		t.Errorf("%s: submits with exposure %s without a lookup that answered", name, exp)
 	}
-	if d.action == actSubmit && in.obs.kind == obsUnanswerable {
-		switch first := in.status.FirstSubmittedAt; {
-		case first == nil && !in.obs.repeatHarmless:
+	if d.Action == ActSubmit && in.Obs.Kind == ObsUnanswerable {
+		switch first := in.Status.FirstSubmittedAt; {
+		case first == nil && !in.Obs.RepeatHarmless:
 			t.Errorf("%s: resends after an unanswerable lookup a key this record never sent", name)
 		case first == nil:
 			// A cancellation never sent by this record: sending it twice cancels once.
-		case in.obs.repeatHarmless && in.status.LastSubmission == hooksv1alpha1.SubmissionRefused:
+		case in.Obs.RepeatHarmless && in.Status.LastSubmission == hooksv1alpha1.SubmissionRefused:
 			t.Errorf("%s: sends again a request the provider refused, with an earlier one unknowable", name)
-		case !in.now.Before(resendableUntil(first.Time, in.policy)):
+		case !in.Now.Before(resendableUntil(first.Time, in.Policy)):
 			t.Errorf("%s: resends an unanswerable key near or past the end of its window", name)
-		case in.obs.submit:
+		case in.Obs.Submit:
 			t.Errorf("%s: resends a request the provider does not replay", name)
-		case in.status.State == settled || in.status.State == failed || in.status.State == rr:
-			t.Errorf("%s: resends from final state %s", name, in.status.State)
+		case in.Status.State == settled || in.Status.State == failed || in.Status.State == rr:
+			t.Errorf("%s: resends from final state %s", name, in.Status.State)
 		}
-		if spent, _ := budgetSpent(in.status, in.policy, in.now); spent {
+		if spent, _ := budgetSpent(in.Status, in.Policy, in.Now); spent {
 			t.Errorf("%s: resends an unanswerable key with the retry budget spent", name)
 		}
 	}
-	if in.obs.kind == obsUnanswerable {
-		if d.adopt || d.deadLetter {
-			t.Errorf("%s: an unanswerable answer adopted a record or dead-lettered (adopt %v, dead letter %v)", name, d.adopt, d.deadLetter)
+	if in.Obs.Kind == ObsUnanswerable {
+		if d.Adopt || d.DeadLetter {
+			t.Errorf("%s: an unanswerable answer adopted a record or dead-lettered (adopt %v, dead letter %v)", name, d.Adopt, d.DeadLetter)
 		}
-		if d.state == settled && in.status.State != settled {
+		if d.State == settled && in.Status.State != settled {
 			t.Errorf("%s: an unanswerable answer settled it", name)
 		}
-		if in.status.State == rr && (d.state != rr || d.reason != "") {
-			t.Errorf("%s: rewrote a RequiresReconciliation settlement (now %s, %s)", name, d.state, d.reason)
+		if in.Status.State == rr && (d.State != rr || d.Reason != "") {
+			t.Errorf("%s: rewrote a RequiresReconciliation settlement (now %s, %s)", name, d.State, d.Reason)
 		}
 	}
-	if d.action == actSubmit && exp != none && in.status.FirstSubmittedAt != nil && in.now.Sub(in.status.FirstSubmittedAt.Time) >= policy.keyWindow {
+	if d.Action == ActSubmit && exp != none && in.Status.FirstSubmittedAt != nil && in.Now.Sub(in.Status.FirstSubmittedAt.Time) >= policy.KeyWindow {
 		t.Errorf("%s: resends at exposure %s outside the key window", name, exp)
 	}
-	if in.status.LastSubmission == hooksv1alpha1.SubmissionMaybeReceived && in.status.LastAttemptAt != nil &&
-		in.now.Sub(in.status.LastAttemptAt.Time) < settleAfter(policy) && exp != none && in.obs.kind != obsRecord {
+	if in.Status.LastSubmission == hooksv1alpha1.SubmissionMaybeReceived && in.Status.LastAttemptAt != nil &&
+		in.Now.Sub(in.Status.LastAttemptAt.Time) < settleAfter(policy) && exp != none && in.Obs.Kind != ObsRecord {
 		// (A record of ours is the provider's word about the key itself.)
-		if d.exposure == none {
+		if d.Exposure == none {
 			t.Errorf("%s: exposure lowered to None within the settle time of an attempt that may still be processed", name)
 		}
-		if d.action == actRelease && in.status.State != settled {
+		if d.Action == ActRelease && in.Status.State != settled {
 			t.Errorf("%s: released within the settle time", name)
 		}
 	}
-	if in.obs.submit && in.obs.priorLastSubmission == hooksv1alpha1.SubmissionMaybeReceived && d.deadLetter {
+	if in.Obs.Submit && in.Obs.PriorLastSubmission == hooksv1alpha1.SubmissionMaybeReceived && d.DeadLetter {
 		t.Errorf("%s: dead-lettered while an earlier attempt may still be processed", name)
 	}
-	if d.action == actSubmit && in.deleting {
+	if d.Action == ActSubmit && in.Deleting {
 		t.Errorf("%s: submits while deleting", name)
 	}
-	if d.action == actRelease && (exp == possible || (exp == confirmed && in.status.State != settled)) {
+	if d.Action == ActRelease && (exp == possible || (exp == confirmed && in.Status.State != settled)) {
 		t.Errorf("%s: releases the finalizer while money may be at the provider", name)
 	}
-	if (in.obs.kind == obsAmbiguous || in.obs.kind == obsInFlight) && in.obs.submit && d.exposure != possible {
-		t.Errorf("%s: an ambiguous submission leaves exposure %s", name, d.exposure)
+	if (in.Obs.Kind == ObsAmbiguous || in.Obs.Kind == ObsInFlight) && in.Obs.Submit && d.Exposure != possible {
+		t.Errorf("%s: an ambiguous submission leaves exposure %s", name, d.Exposure)
 	}
-	if in.obs.kind == obsNone && d.exposure != exp {
-		t.Errorf("%s: exposure changed from %s to %s without a provider answer", name, exp, d.exposure)
+	if in.Obs.Kind == ObsNone && d.Exposure != exp {
+		t.Errorf("%s: exposure changed from %s to %s without a provider answer", name, exp, d.Exposure)
 	}
-	if in.obs.kind != obsNone && in.obs.kind != obsRecord && in.obs.kind != obsNotFound && !in.obs.submit && d.exposure != exp {
-		t.Errorf("%s: a failed lookup changed exposure from %s to %s", name, exp, d.exposure)
+	if in.Obs.Kind != ObsNone && in.Obs.Kind != ObsRecord && in.Obs.Kind != ObsNotFound && !in.Obs.Submit && d.Exposure != exp {
+		t.Errorf("%s: a failed lookup changed exposure from %s to %s", name, exp, d.Exposure)
 	}
-	if d.exposure == none && exp != none && in.obs.kind != obsNotFound &&
-		!(in.obs.kind == obsRecord && in.obs.status == billing.StatusFailed) &&
-		!(in.obs.submit && (in.obs.kind == obsTransient || in.obs.kind == obsTerminal)) {
+	if d.Exposure == none && exp != none && in.Obs.Kind != ObsNotFound &&
+		!(in.Obs.Kind == ObsRecord && in.Obs.Status == billing.StatusFailed) &&
+		!(in.Obs.Submit && (in.Obs.Kind == ObsTransient || in.Obs.Kind == ObsTerminal)) {
 		t.Errorf("%s: exposure lowered to None without an authoritative answer", name)
 	}
-	if d.action == actWait && d.wait <= 0 {
-		t.Errorf("%s: waits %s", name, d.wait)
+	if d.Action == ActWait && d.Wait <= 0 {
+		t.Errorf("%s: waits %s", name, d.Wait)
 	}
-	if d.wait > maxRetryAfterFactor*policy.max+time.Minute {
-		t.Errorf("%s: waits %s, beyond any cap", name, d.wait)
+	if d.Wait > maxRetryAfterFactor*policy.Max+time.Minute {
+		t.Errorf("%s: waits %s, beyond any cap", name, d.Wait)
 	}
 }
 
 // decisionRow is one pinned step: from status st (and what in sets), the action,
-// state, exposure, wait and dead letter expected.
+// State, exposure, wait and dead letter expected.
 type decisionRow struct {
 	name   string
 	st     hooksv1alpha1.BillingSettlementStatus
-	in     func(*decisionInput)
-	action action
+	in     func(*Input)
+	action Action
 	state  S
 	exp    E
 	wait   time.Duration
@@ -237,204 +237,204 @@ func TestDecisionTable(t *testing.T) {
 	at := func(d time.Duration) *metav1.Time { v := metav1.NewTime(t0.Add(d)); return &v }
 	rows := []decisionRow{
 		{name: "fresh settlement is sent directly", st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: none},
-			action: actSubmit, state: pending, exp: none},
+			action: ActSubmit, state: pending, exp: none},
 		{name: "possibly sent before: look up first", st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
-			action: actLookup, state: pending, exp: possible},
+			action: ActLookup, state: pending, exp: possible},
 		{name: "legacy object without exposure looks up", st: hooksv1alpha1.BillingSettlementStatus{State: pending},
-			action: actLookup, state: pending, exp: possible},
+			action: ActLookup, state: pending, exp: possible},
 		{name: "lookup not found: resend (continue)", st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
-			in: func(in *decisionInput) { in.obs = observation{kind: obsNotFound} }, action: actContinue, state: pending, exp: none},
+			in: func(in *Input) { in.Obs = Observation{Kind: ObsNotFound} }, action: ActContinue, state: pending, exp: none},
 		{name: "failed lookup backs off, never submits (defect 2)", st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible, Failures: 2},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsTerminal, message: "403"} },
-			action: actWait, state: pending, exp: possible, wait: 4*time.Second - 400*time.Millisecond},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsTerminal, Message: "403"} },
+			action: ActWait, state: pending, exp: possible, wait: 4*time.Second - 400*time.Millisecond},
 		{name: "backoff grows with failed lookups (defect 12)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Failures: 6, Attempts: 1},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsTransient} },
-			action: actWait, state: submitted, exp: possible, wait: time.Minute - 6*time.Second},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsTransient} },
+			action: ActWait, state: submitted, exp: possible, wait: time.Minute - 6*time.Second},
 		{name: "Retry-After is honoured", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 1},
-			in: func(in *decisionInput) {
-				in.obs = observation{kind: obsTransient, submit: true, priorExposure: none, retryAfter: 30 * time.Second}
+			in: func(in *Input) {
+				in.Obs = Observation{Kind: ObsTransient, Submit: true, PriorExposure: none, RetryAfter: 30 * time.Second}
 			},
-			action: actWait, state: submitted, exp: none, wait: 30 * time.Second},
+			action: ActWait, state: submitted, exp: none, wait: 30 * time.Second},
 		{name: "Retry-After is capped at 2 x maxBackoff", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 1},
-			in: func(in *decisionInput) {
-				in.obs = observation{kind: obsTransient, submit: true, priorExposure: none, retryAfter: 24 * time.Hour}
+			in: func(in *Input) {
+				in.Obs = Observation{Kind: ObsTransient, Submit: true, PriorExposure: none, RetryAfter: 24 * time.Hour}
 			},
-			action: actWait, state: submitted, exp: none, wait: 2 * time.Minute},
+			action: ActWait, state: submitted, exp: none, wait: 2 * time.Minute},
 		{name: "429 restores None: resend directly later", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsTransient, submit: true, priorExposure: none} },
-			action: actWait, state: submitted, exp: none, wait: time.Second - 100*time.Millisecond},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsTransient, Submit: true, PriorExposure: none} },
+			action: ActWait, state: submitted, exp: none, wait: time.Second - 100*time.Millisecond},
 		{name: "crash after 429: exposure Possible persisted, look up (defect 9)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 2,
 			LastError: &hooksv1alpha1.SettlementError{Class: errorClassTransient}},
-			action: actLookup, state: submitted, exp: possible},
+			action: ActLookup, state: submitted, exp: possible},
 		{name: "ambiguous submission raises Possible", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsAmbiguous, submit: true, priorExposure: none} },
-			action: actWait, state: submitted, exp: possible, wait: time.Second - 100*time.Millisecond},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsAmbiguous, Submit: true, PriorExposure: none} },
+			action: ActWait, state: submitted, exp: possible, wait: time.Second - 100*time.Millisecond},
 		{name: "409 in use after a lookup said not found: Possible, never dead-letter (defect 1)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 5},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsInFlight, submit: true, priorExposure: none} },
-			action: actWait, state: submitted, exp: possible, wait: 900 * time.Millisecond},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsInFlight, Submit: true, PriorExposure: none} },
+			action: ActWait, state: submitted, exp: possible, wait: 900 * time.Millisecond},
 		{name: "budget spent with None after a lookup's not found, but the last POST may still commit: ask by resending (defect 1)",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 5, LastSubmission: hooksv1alpha1.SubmissionMaybeReceived},
-			action: actSubmit, state: submitted, exp: none},
+			action: ActSubmit, state: submitted, exp: none},
 		{name: "404 right after a timeout: exposure stays Possible, resend with the same key (review 1/2)",
 			st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-3 * time.Second),
 				LastAttemptAt: at(-3 * time.Second), LastSubmission: hooksv1alpha1.SubmissionMaybeReceived},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsNotFound} },
-			action: actSubmit, state: submitted, exp: possible},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsNotFound} },
+			action: ActSubmit, state: submitted, exp: possible},
 		{name: "404 right after a timeout while deleting: wait for the settle time, never release",
 			st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-3 * time.Second),
 				LastAttemptAt: at(-3 * time.Second), LastSubmission: hooksv1alpha1.SubmissionMaybeReceived},
-			in:     func(in *decisionInput) { in.deleting, in.obs = true, observation{kind: obsNotFound} },
-			action: actWait, state: submitted, exp: possible, wait: 27 * time.Second},
+			in:     func(in *Input) { in.Deleting, in.Obs = true, Observation{Kind: ObsNotFound} },
+			action: ActWait, state: submitted, exp: possible, wait: 27 * time.Second},
 		{name: "404 after the settle time: None, and the earlier attempt is resolved",
 			st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-time.Minute),
 				LastAttemptAt: at(-time.Minute), LastSubmission: hooksv1alpha1.SubmissionMaybeReceived},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsNotFound} },
-			action: actContinue, state: submitted, exp: none},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsNotFound} },
+			action: ActContinue, state: submitted, exp: none},
 		{name: "429 to the resend after a timeout: the earlier attempt stays unresolved, no dead letter (review 2)",
 			st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 5, LastSubmission: hooksv1alpha1.SubmissionMaybeReceived},
-			in: func(in *decisionInput) {
-				in.obs = observation{kind: obsTransient, submit: true, priorExposure: possible, priorLastSubmission: hooksv1alpha1.SubmissionMaybeReceived}
+			in: func(in *Input) {
+				in.Obs = Observation{Kind: ObsTransient, Submit: true, PriorExposure: possible, PriorLastSubmission: hooksv1alpha1.SubmissionMaybeReceived}
 			},
-			action: actWait, state: submitted, exp: possible, wait: 900 * time.Millisecond},
+			action: ActWait, state: submitted, exp: possible, wait: 900 * time.Millisecond},
 		{name: "None, last attempt older than the key window: look up before resending",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 1, LastAttemptAt: at(-25 * time.Hour)},
-			action: actLookup, state: submitted, exp: none},
+			action: ActLookup, state: submitted, exp: none},
 		{name: "budget spent with None: dead-letter", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 5},
-			action: actDone, state: failed, exp: none, dl: true},
+			action: ActDone, state: failed, exp: none, dl: true},
 		{name: "budget spent with Possible: keep asking (defect 1)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 5,
 			FirstSubmittedAt: at(-2 * time.Hour)},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsTransient} },
-			action: actWait, state: submitted, exp: possible, wait: 900 * time.Millisecond},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsTransient} },
+			action: ActWait, state: submitted, exp: possible, wait: 900 * time.Millisecond},
 		{name: "pending past the budget, poll fails: keep polling (defect 1)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: confirmed, Attempts: 1,
 			FirstSubmittedAt: at(-2 * time.Hour), ProviderStatus: billing.StatusPending},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsAmbiguous} },
-			action: actWait, state: submitted, exp: confirmed, wait: 900 * time.Millisecond},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsAmbiguous} },
+			action: ActWait, state: submitted, exp: confirmed, wait: 900 * time.Millisecond},
 		{name: "pending record: poll later", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-10 * time.Second)},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsRecord, status: billing.StatusPending} },
-			action: actWait, state: submitted, exp: confirmed, wait: 5 * time.Second},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsRecord, Status: billing.StatusPending} },
+			action: ActWait, state: submitted, exp: confirmed, wait: 5 * time.Second},
 		{name: "settled record: adopt", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsRecord, status: billing.StatusSettled} },
-			action: actContinue, state: settled, exp: confirmed},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsRecord, Status: billing.StatusSettled} },
+			action: ActContinue, state: settled, exp: confirmed},
 		{name: "provider failed: Failed, not dead-lettered, nothing moved", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsRecord, status: billing.StatusFailed} },
-			action: actContinue, state: failed, exp: none},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsRecord, Status: billing.StatusFailed} },
+			action: ActContinue, state: failed, exp: none},
 		{name: "record lacking a field is not adopted (defect 5)", st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
-			in: func(in *decisionInput) {
-				in.obs = observation{kind: obsRecord, status: billing.StatusSettled, mismatch: &billing.Mismatch{Field: "amount", Missing: true}}
+			in: func(in *Input) {
+				in.Obs = Observation{Kind: ObsRecord, Status: billing.StatusSettled, Mismatch: &billing.Mismatch{Field: "amount", Missing: true}}
 			},
-			action: actDone, state: rr, exp: possible},
+			action: ActDone, state: rr, exp: possible},
 		{name: "after a disagreement a matching lookup is still not adopted", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1,
 			Disagreement: &hooksv1alpha1.ProviderDisagreement{Reason: hooksv1alpha1.ReasonKeyReused}},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsRecord, status: billing.StatusSettled} },
-			action: actDone, state: rr, exp: possible},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsRecord, Status: billing.StatusSettled} },
+			action: ActDone, state: rr, exp: possible},
 		{name: "key reused: RequiresReconciliation, exposure Possible", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsKeyReused, submit: true, priorExposure: none} },
-			action: actDone, state: rr, exp: possible},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsKeyReused, Submit: true, PriorExposure: none} },
+			action: ActDone, state: rr, exp: possible},
 		{name: "terminal refusal with None: dead-letter", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsTerminal, submit: true, priorExposure: none} },
-			action: actDone, state: failed, exp: none, dl: true},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsTerminal, Submit: true, PriorExposure: none} },
+			action: ActDone, state: failed, exp: none, dl: true},
 		{name: "terminal refusal after an ambiguous attempt: ask, do not dead-letter", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 2},
-			in: func(in *decisionInput) {
-				in.obs = observation{kind: obsTerminal, submit: true, priorExposure: possible}
+			in: func(in *Input) {
+				in.Obs = Observation{Kind: ObsTerminal, Submit: true, PriorExposure: possible}
 			},
-			action: actWait, state: submitted, exp: possible, wait: 900 * time.Millisecond},
+			action: ActWait, state: submitted, exp: possible, wait: 900 * time.Millisecond},
 		{name: "pending record vanished: RequiresReconciliation", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: confirmed, Attempts: 1},
-			in:     func(in *decisionInput) { in.obs = observation{kind: obsNotFound} },
-			action: actDone, state: rr, exp: confirmed},
+			in:     func(in *Input) { in.Obs = Observation{Kind: ObsNotFound} },
+			action: ActDone, state: rr, exp: confirmed},
 		{name: "waiting: nothing before nextAttemptAt", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, NextAttemptAt: at(7 * time.Second)},
-			action: actWait, state: submitted, exp: possible, wait: 7 * time.Second},
+			action: ActWait, state: submitted, exp: possible, wait: 7 * time.Second},
 		{name: "provider changed while Possible: hold (defect 6)", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
-			in: func(in *decisionInput) { in.providerChanged = true }, action: actHold, state: submitted, exp: possible, wait: time.Minute},
+			in: func(in *Input) { in.ProviderChanged = true }, action: ActHold, state: submitted, exp: possible, wait: time.Minute},
 		{name: "provider changed with None: send to the new one", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 1},
-			in: func(in *decisionInput) { in.providerChanged = true }, action: actSubmit, state: submitted, exp: none},
+			in: func(in *Input) { in.ProviderChanged = true }, action: ActSubmit, state: submitted, exp: none},
 		{name: "deleting with Possible: ask, never release", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1},
-			in: func(in *decisionInput) { in.deleting = true }, action: actLookup, state: submitted, exp: possible},
+			in: func(in *Input) { in.Deleting = true }, action: ActLookup, state: submitted, exp: possible},
 		{name: "deleting with None: release", st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 1},
-			in: func(in *decisionInput) { in.deleting = true }, action: actRelease, state: submitted, exp: none},
+			in: func(in *Input) { in.Deleting = true }, action: ActRelease, state: submitted, exp: none},
 		{name: "deleting settled: release", st: hooksv1alpha1.BillingSettlementStatus{State: settled, Exposure: confirmed, Attempts: 1},
-			in: func(in *decisionInput) { in.deleting = true }, action: actRelease, state: settled, exp: confirmed},
+			in: func(in *Input) { in.Deleting = true }, action: ActRelease, state: settled, exp: confirmed},
 		{name: "legacy dead-lettered pending charge resumes polling", st: hooksv1alpha1.BillingSettlementStatus{State: failed, Attempts: 1, ProviderStatus: billing.StatusPending},
-			action: actLookup, state: submitted, exp: confirmed},
+			action: ActLookup, state: submitted, exp: confirmed},
 		{name: "reconcile request asks a failed settlement by key", st: hooksv1alpha1.BillingSettlementStatus{State: failed, Exposure: none, Attempts: 3},
-			in: func(in *decisionInput) { in.forceLookup = true }, action: actLookup, state: failed, exp: none},
+			in: func(in *Input) { in.ForceLookup = true }, action: ActLookup, state: failed, exp: none},
 		{name: "final states do nothing", st: hooksv1alpha1.BillingSettlementStatus{State: settled, Exposure: confirmed, Attempts: 1},
-			action: actDone, state: settled, exp: confirmed},
+			action: ActDone, state: settled, exp: confirmed},
 	}
-	unanswerable := func(submit bool) func(*decisionInput) {
-		return func(in *decisionInput) {
-			in.obs = observation{kind: obsUnanswerable, submit: submit, priorExposure: possible, message: "check the dashboard"}
+	unanswerable := func(submit bool) func(*Input) {
+		return func(in *Input) {
+			in.Obs = Observation{Kind: ObsUnanswerable, Submit: submit, PriorExposure: possible, Message: "check the dashboard"}
 		}
 	}
 	rows = append(rows, []decisionRow{
 		{name: "unanswerable lookup inside the key window: resend under the same key (issue 15)",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-10 * time.Minute)},
 			in:     unanswerable(false),
-			action: actSubmit, state: submitted, exp: possible},
+			action: ActSubmit, state: submitted, exp: possible},
 		{name: "unanswerable lookup with the retry budget spent: RequiresReconciliation, not a day of resends",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 5, FirstSubmittedAt: at(-10 * time.Minute)},
 			in:     unanswerable(false),
-			action: actDone, state: rr, exp: possible},
+			action: ActDone, state: rr, exp: possible},
 		{name: "unanswerable lookup for a record that never sent (a compensation, a hand-made charge): RequiresReconciliation",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
 			in:     unanswerable(false),
-			action: actDone, state: rr, exp: possible},
+			action: ActDone, state: rr, exp: possible},
 		{name: "unanswerable lookup of a cancellation this record never sent: sent, as cancelling twice cancels once",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
-			in:     func(in *decisionInput) { unanswerable(false)(in); in.obs.repeatHarmless = true },
-			action: actSubmit, state: pending, exp: possible},
+			in:     func(in *Input) { unanswerable(false)(in); in.Obs.RepeatHarmless = true },
+			action: ActSubmit, state: pending, exp: possible},
 		{name: "unanswerable lookup of a cancellation whose only submission was refused: RequiresReconciliation",
 			st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-time.Minute),
 				LastSubmission: hooksv1alpha1.SubmissionRefused},
-			in:     func(in *decisionInput) { unanswerable(false)(in); in.obs.repeatHarmless = true },
-			action: actDone, state: rr, exp: possible},
+			in:     func(in *Input) { unanswerable(false)(in); in.Obs.RepeatHarmless = true },
+			action: ActDone, state: rr, exp: possible},
 		{name: "unanswerable lookup of a cancellation never sent, while deleting: RequiresReconciliation, nothing sent",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
-			in:     func(in *decisionInput) { unanswerable(false)(in); in.obs.repeatHarmless = true; in.deleting = true },
-			action: actDone, state: rr, exp: possible},
+			in:     func(in *Input) { unanswerable(false)(in); in.Obs.RepeatHarmless = true; in.Deleting = true },
+			action: ActDone, state: rr, exp: possible},
 		{name: "unanswerable lookup of a settlement already in RequiresReconciliation keeps its reason",
 			st: hooksv1alpha1.BillingSettlementStatus{State: rr, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-10 * time.Minute),
 				Disagreement: &hooksv1alpha1.ProviderDisagreement{Reason: hooksv1alpha1.ReasonKeyReused}},
-			in:     func(in *decisionInput) { unanswerable(false)(in); in.forceLookup = true },
-			action: actDone, state: rr, exp: possible},
+			in:     func(in *Input) { unanswerable(false)(in); in.ForceLookup = true },
+			action: ActDone, state: rr, exp: possible},
 		{name: "unanswerable lookup within a minute of the window's end: RequiresReconciliation",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-24*time.Hour + 30*time.Second)},
 			in:     unanswerable(false),
-			action: actDone, state: rr, exp: possible},
+			action: ActDone, state: rr, exp: possible},
 		{name: "unanswerable lookup past the key window: RequiresReconciliation, nothing sent",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 3, FirstSubmittedAt: at(-25 * time.Hour)},
 			in:     unanswerable(false),
-			action: actDone, state: rr, exp: possible},
+			action: ActDone, state: rr, exp: possible},
 		{name: "unanswerable lookup while deleting: RequiresReconciliation, the deletion waits",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-time.Hour)},
-			in:     func(in *decisionInput) { unanswerable(false)(in); in.deleting = true },
-			action: actDone, state: rr, exp: possible},
+			in:     func(in *Input) { unanswerable(false)(in); in.Deleting = true },
+			action: ActDone, state: rr, exp: possible},
 		{name: "unanswerable answer to a submission (a resent delete): RequiresReconciliation",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 2, FirstSubmittedAt: at(-time.Hour)},
 			in:     unanswerable(true),
-			action: actDone, state: rr, exp: possible},
+			action: ActDone, state: rr, exp: possible},
 		{name: "unanswerable lookup of a settled settlement leaves it settled",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: settled, Exposure: confirmed, Attempts: 1, FirstSubmittedAt: at(-time.Hour)},
 			in:     unanswerable(false),
-			action: actDone, state: settled, exp: confirmed},
+			action: ActDone, state: settled, exp: confirmed},
 		{name: "unanswerable lookup with nothing moved changes nothing",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: none},
 			in:     unanswerable(false),
-			action: actContinue, state: pending, exp: none},
+			action: ActContinue, state: pending, exp: none},
 	}...)
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
 			st := row.st
-			in := decisionInput{status: &st, policy: policy, now: t0, random: 0.5}
+			in := Input{Status: &st, Policy: policy, Now: t0, Random: 0.5}
 			if row.in != nil {
 				row.in(&in)
 			}
-			d := decide(in)
-			if d.action != row.action || d.state != row.state || d.exposure != row.exp || d.deadLetter != row.dl {
+			d := Decide(in)
+			if d.Action != row.action || d.State != row.state || d.Exposure != row.exp || d.DeadLetter != row.dl {
 				t.Fatalf("got action %s state %s exposure %s deadLetter %v, want %s %s %s %v (%s)",
-					d.action, d.state, d.exposure, d.deadLetter, row.action, row.state, row.exp, row.dl, d.message)
+					d.Action, d.State, d.Exposure, d.DeadLetter, row.action, row.state, row.exp, row.dl, d.Message)
 			}
-			if row.wait != 0 && d.wait != row.wait {
-				t.Fatalf("wait %s, want %s", d.wait, row.wait)
+			if row.wait != 0 && d.Wait != row.wait {
+				t.Fatalf("wait %s, want %s", d.Wait, row.wait)
 			}
 			checkInvariants(t, row.name, in, d)
 		})
@@ -445,11 +445,11 @@ func TestDecisionTable(t *testing.T) {
 // the cap, and spreads below it.
 func TestRetryWaitJittersDownward(t *testing.T) {
 	for n := int32(1); n < 20; n++ {
-		top := exponential(n, policy.initial, policy.max)
-		if got := retryWait(n, policy, 0, 0); got != top {
+		top := exponential(n, policy.Initial, policy.Max)
+		if got := RetryWait(n, policy, 0, 0); got != top {
 			t.Fatalf("failures %d random 0: %s, want %s", n, got, top)
 		}
-		if got := retryWait(n, policy, 0, 0.999); got >= top || got < top*8/10 {
+		if got := RetryWait(n, policy, 0, 0.999); got >= top || got < top*8/10 {
 			t.Fatalf("failures %d random 0.999: %s not in [0.8, 1) x %s", n, got, top)
 		}
 	}
