@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/settlement-operator/settlement-operator/internal/providerclient"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -247,7 +249,7 @@ func main() {
 		os.Exit(1)
 	}
 	// What the settlements' calls learn about each billing provider, shown on it.
-	health := controllers.NewProviderHealth()
+	health := providerclient.NewHealth()
 	if err := (&controllers.BillingSettlementReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: settlementWorkers, Archive: store,
 		Recorder: mgr.GetEventRecorder(controllers.BillingSettlementControllerName), TransitionEvents: transitionEvents,

@@ -1,6 +1,10 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/providerclient"
+
+	"github.com/settlement-operator/settlement-operator/internal/credentials"
+
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
 
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
@@ -76,7 +80,7 @@ type BillingProviderReconciler struct {
 	CredentialRecheckInterval time.Duration
 	// Health, shared with the settlement controller, tells how the latest calls to
 	// each provider went (the ProviderHealthy condition); nil leaves it out.
-	Health *ProviderHealth
+	Health *providerclient.Health
 	// MaxListPages caps one pass's walk of the provider's list endpoint (50 pages).
 	MaxListPages int
 	// UsageTotalsLag is how far behind the pass a usage-totals window ends (1h: Stripe
@@ -84,7 +88,7 @@ type BillingProviderReconciler struct {
 	// UsageClockSkew widens each settlement's span at the provider (1m).
 	UsageTotalsLag, UsageClockSkew time.Duration
 
-	clients providerClients
+	clients providerclient.Clients
 	// findings remembers each provider's last pass, so new findings are counted once.
 	findings findingMemory
 	// walks keeps each provider's list walk that a pass cut at MaxListPages.
@@ -158,7 +162,7 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 	c, err := r.clientFor(ctx, bp)
 	if err != nil {
 		reason := ReasonBillingProviderNotFound
-		if isCredentialRefused(err) {
+		if credentials.IsRefused(err) {
 			reason = hooksv1alpha1.ReasonCredentialsNotAllowed
 			if prev := apimeta.FindStatusCondition(before.Status.Conditions, hooksv1alpha1.ConditionReady); prev == nil || prev.Reason != reason {
 				r.Recorder.Eventf(bp, nil, corev1.EventTypeWarning, reason, "CheckCredentials", "%s", conditions.TruncateMessage(err.Error()))
@@ -220,7 +224,7 @@ func (r *BillingProviderReconciler) passInterval(uid types.UID, policy reconcili
 // applyHealth writes the ProviderHealthy condition from the latest calls and, while
 // the provider refuses the credentials or cannot be reached, makes Ready say so.
 func (r *BillingProviderReconciler) applyHealth(bp *hooksv1alpha1.BillingProvider) {
-	status, reason, message, ok := r.Health.condition(bp.UID, bp.Generation)
+	status, reason, message, ok := r.Health.Condition(bp.UID, bp.Generation)
 	if ok {
 		conditions.Set(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionProviderHealthy, status, reason, conditions.TruncateMessage(message))
 	} else {
@@ -255,7 +259,7 @@ func reconciliationPolicyOf(bp *hooksv1alpha1.BillingProvider) reconciliationPol
 }
 
 func (r *BillingProviderReconciler) clientFor(ctx context.Context, bp *hooksv1alpha1.BillingProvider) (billing.Client, error) {
-	return r.clients.get(ctx, r.APIReader, r.NewClient, bp, r.Health)
+	return r.clients.Get(ctx, r.APIReader, r.NewClient, bp, r.Health)
 }
 
 // ReportName is a pass's report name: the provider's name and the pass's UTC time,
@@ -315,7 +319,7 @@ func (r *BillingProviderReconciler) reconcileDelete(ctx context.Context, bp *hoo
 		if err := r.Patch(ctx, bp, patch); err != nil && !apierrors.IsNotFound(err) {
 			return ctrl.Result{}, fmt.Errorf("remove finalizer of billingprovider %s/%s: %w", bp.Namespace, bp.Name, err)
 		}
-		r.Health.forget(bp.UID)
+		r.Health.Forget(bp.UID)
 		r.findings.forget(bp.UID)
 		r.walks.take(bp.UID)
 		ctrl.LoggerFrom(ctx).Info("no settlement holds the billing provider any more; deletion goes ahead")

@@ -3,6 +3,8 @@ package controllers_test
 import (
 	"time"
 
+	"github.com/settlement-operator/settlement-operator/internal/credentials"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -12,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
-	"github.com/settlement-operator/settlement-operator/controllers"
 	"github.com/settlement-operator/settlement-operator/test/fixtures"
 )
 
@@ -151,14 +152,14 @@ var _ = Describe("deleting a namespace (issue 10, known limit)", func() {
 		Expect(k8s.List(ctx, &secrets, client.InNamespace(ns))).To(Succeed())
 		Expect(secrets.Items).To(BeEmpty(), "Secrets have no finalizer: they go first")
 
-		// The settlement controller keeps a Secret it read for controllers.CredentialTTL (a GET per
+		// The settlement controller keeps a Secret it read for credentials.SecretTTL (a GET per
 		// TTL, not per call: docs/decisions.md "Throughput"); once that copy expires, its
 		// next retry finds no Secret.
 		Eventually(func(g Gomega) {
 			c := condition(settlementOf(ns, "job-ns-delete").Status.Conditions, hooksv1alpha1.ConditionReady)
 			g.Expect(c).NotTo(BeNil())
 			g.Expect(c.Message).To(And(ContainSubstring(fixtures.BillingSecretName), ContainSubstring("not found")))
-		}).WithTimeout(controllers.CredentialTTL + 15*time.Second).Should(Succeed())
+		}).WithTimeout(credentials.SecretTTL + 15*time.Second).Should(Succeed())
 
 		Expect(up()).To(Succeed())
 		bs := settlementOf(ns, "job-ns-delete")

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/providerclient"
+
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
 
 	"context"
@@ -70,12 +72,12 @@ type BillingSettlementReconciler struct {
 	TransitionEvents bool
 	// Health, shared with the BillingProvider controller, learns from every provider
 	// call how the provider is doing (its ProviderHealthy condition); nil leaves it out.
-	Health *ProviderHealth
+	Health *providerclient.Health
 	// CredentialRecheckInterval is how soon a settlement whose provider's Secret is
 	// refused (CredentialsNotAllowed) looks again (30s): Secrets are not watched.
 	CredentialRecheckInterval time.Duration
 
-	clients providerClients
+	clients providerclient.Clients
 }
 
 func (r *BillingSettlementReconciler) credentialRecheck() time.Duration {

@@ -1,6 +1,10 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/providerclient"
+
+	"github.com/settlement-operator/settlement-operator/internal/credentials"
+
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
 
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
@@ -25,7 +29,6 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
-	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/keyedsem"
 )
@@ -270,20 +273,20 @@ func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *se
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("get billingprovider %s: %w", bs.Spec.BillingProviderRef, err)
 	}
-	s.provider, s.policy, s.target = &bp, settlement.PolicyOf(&bp), targetOf(&bp)
-	c, err := r.clients.get(ctx, r.APIReader, r.NewClient, &bp, r.Health)
+	s.provider, s.policy, s.target = &bp, settlement.PolicyOf(&bp), providerclient.TargetOf(&bp)
+	c, err := r.clients.Get(ctx, r.APIReader, r.NewClient, &bp, r.Health)
 	if err != nil {
 		// A wait, never a failure: nothing was sent, and a settlement that may already
 		// hold money keeps its exposure until the credentials are usable again.
 		reason, wait := ReasonBillingProviderNotFound, waitForReference
-		if isCredentialRefused(err) {
+		if credentials.IsRefused(err) {
 			reason, wait = hooksv1alpha1.ReasonCredentialsNotAllowed, r.credentialRecheck()
 		}
 		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, reason, conditions.TruncateMessage(err.Error()))
 		return ctrl.Result{RequeueAfter: wait}, nil
 	}
 	s.client = c
-	s.target = targetFor(&bp, c)
+	s.target = providerclient.TargetFor(&bp, c)
 	// The original's key travels in every request and every comparison.
 	if s.reverses, s.reversesRef, err = reversedKey(ctx, r.Client, r.Archive, bs); err != nil {
 		return ctrl.Result{}, err
@@ -325,25 +328,6 @@ func (r *BillingSettlementReconciler) resolveProviderIfHeld(ctx context.Context,
 		r.holdDeletion(s, why)
 	}
 	return res, err
-}
-
-// targetOf is where a BillingProvider points: its endpoint, its identity and the
-// Secret its token comes from.
-func targetOf(bp *hooksv1alpha1.BillingProvider) hooksv1alpha1.ProviderTarget {
-	ref := bp.Spec.CredentialsSecretRef
-	key := ref.Key
-	if key == "" {
-		key = "token"
-	}
-	return hooksv1alpha1.ProviderTarget{Endpoint: bp.Spec.Endpoint, BillingProviderUID: string(bp.UID),
-		CredentialsSecret: ref.Name + "/" + key}
-}
-
-// targetFor is targetOf with the key mode bp's adapter c reports (a Stripe key's).
-func targetFor(bp *hooksv1alpha1.BillingProvider, c billing.Client) hooksv1alpha1.ProviderTarget {
-	t := targetOf(bp)
-	t.Mode = adapters.Mode(c)
-	return t
 }
 
 // guardCompensation holds a Refund or Void, before every submission of it (the first, and

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/credentials"
+
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
 
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
@@ -114,8 +116,8 @@ func (r *JobCompletionReconciler) reconcile(ctx context.Context, jc *hooksv1alph
 		return ctrl.Result{}, nil
 	}
 
-	token, err := readCredential(ctx, r.APIReader, jc.Namespace, sink.CredentialsSecretRef, hooksv1alpha1.CredentialForJobSink, sink.URL)
-	if isCredentialRefused(err) {
+	token, err := credentials.Read(ctx, r.APIReader, jc.Namespace, sink.CredentialsSecretRef, hooksv1alpha1.CredentialForJobSink, sink.URL)
+	if credentials.IsRefused(err) {
 		return r.credentialsRefused(jc, err), nil
 	}
 	if err != nil {

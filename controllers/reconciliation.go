@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/providerclient"
+
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
 
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
@@ -77,7 +79,7 @@ func (m *findingMemory) remember(uid types.UID, seen, previous map[uint64]struct
 	m.byProvider[uid] = seen
 }
 
-// forget drops a deleted provider's findings.
+// Forget drops a deleted provider's findings.
 func (m *findingMemory) forget(uid types.UID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -271,7 +273,7 @@ func (r *BillingProviderReconciler) pass(ctx context.Context, bp *hooksv1alpha1.
 	if err != nil {
 		rr.Status.Phase = hooksv1alpha1.ReportFailed
 		conditions.Set(&rr.Status.Conditions, rr.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
-			reportFailureReason(err), conditions.TruncateMessage(err.Error()))
+			providerclient.ReportFailureReason(err), conditions.TruncateMessage(err.Error()))
 	} else {
 		rr.Status.Phase = hooksv1alpha1.ReportCompleted
 		conditions.Set(&rr.Status.Conditions, rr.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
@@ -805,7 +807,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 
 	// Local settled but unknown to the provider: those settled in the window that the
 	// list did not show are asked by key before anything is reported.
-	target := targetFor(bp, c)
+	target := providerclient.TargetFor(bp, c)
 	sentHere := func(bs *hooksv1alpha1.BillingSettlement) bool {
 		return bs.Status.SentTo == nil || *bs.Status.SentTo == target
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/settlement-operator/settlement-operator/internal/providerclient"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -142,7 +144,7 @@ func startManager(opts ...managerOptions) *runningManager {
 	Expect((&controllers.JobCompletionReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("jobcompletion"), CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
 	// A failure stands against successes for 2s here (30s in production).
-	health := controllers.NewProviderHealth()
+	health := providerclient.NewHealth()
 	health.Hold = 2 * time.Second
 	Expect((&controllers.BillingSettlementReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("billingsettlement"), Archive: o.store, Health: health,

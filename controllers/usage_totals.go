@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/providerclient"
+
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
 
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
@@ -133,7 +135,7 @@ func (r *BillingProviderReconciler) compareUsageTotals(ctx context.Context, bp *
 	// Where the provider points now: usage sent elsewhere (another endpoint, a
 	// BillingProvider created again, another Secret, a key of the other mode) is in
 	// other books and not in these totals.
-	target := targetOf(bp)
+	target := providerclient.TargetOf(bp)
 	target.Mode = bp.Status.Mode
 	// A Void, or a Refund without an amount, cancels the usage at the provider (a
 	// Stripe meter event adjustment); a refund of an amount is a credit of its own.

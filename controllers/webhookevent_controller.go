@@ -197,7 +197,7 @@ func (h *heldDecisions) put(key types.NamespacedName, uid types.UID, ops []hooks
 	h.byEvent[key] = heldDecision{uid: uid, ops: slices.Clone(ops)}
 }
 
-// get returns a copy of what is held for the event with this UID; nil when nothing is.
+// Get returns a copy of what is held for the event with this UID; nil when nothing is.
 func (h *heldDecisions) get(key types.NamespacedName, uid types.UID) []hooksv1alpha1.OperationStatus {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/credentials"
+
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
@@ -156,18 +158,18 @@ func (r *WebhookProviderReconciler) checkSinkCredentials(ctx context.Context, p 
 				continue
 			}
 			sink := op.JobCompletion.Sink
-			_, err := readCredential(ctx, r.APIReader, p.Namespace, sink.CredentialsSecretRef, hooksv1alpha1.CredentialForJobSink, sink.URL)
+			_, err := credentials.Read(ctx, r.APIReader, p.Namespace, sink.CredentialsSecretRef, hooksv1alpha1.CredentialForJobSink, sink.URL)
 			switch {
 			case err == nil:
 				continue
-			case isCredentialRefused(err):
+			case credentials.IsRefused(err):
 				return metav1.ConditionFalse, hooksv1alpha1.ReasonCredentialsNotAllowed, conditions.TruncateMessage(fmt.Sprintf(
 					"deliveries are received, but job completions of route %q wait: %v", route.EventType, err)), nil
 			case apierrors.IsNotFound(err):
 				return metav1.ConditionFalse, hooksv1alpha1.ReasonSecretNotFound, conditions.TruncateMessage(fmt.Sprintf(
 					"deliveries are received, but job completions of route %q wait: the sink's Secret %q is not found",
 					route.EventType, sink.CredentialsSecretRef.Name)), nil
-			case errors.Is(err, errCredentialKeyMissing):
+			case errors.Is(err, credentials.ErrKeyMissing):
 				return metav1.ConditionFalse, hooksv1alpha1.ReasonSecretInvalid, conditions.TruncateMessage(fmt.Sprintf(
 					"deliveries are received, but job completions of route %q wait: %v", route.EventType, err)), nil
 			default:

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -542,7 +544,7 @@ func TestRefund(t *testing.T) {
 	if !equality.Semantic.DeepEqual(refund.Spec, want) {
 		t.Fatalf("refund spec\n got %+v\nwant %+v", refund.Spec, want)
 	}
-	if err := controllers.ValidateSettlementIdentity(&refund); err != nil {
+	if err := settlement.ValidateIdentity(&refund); err != nil {
 		t.Fatalf("the operator would refuse it: %v", err)
 	}
 

@@ -1,4 +1,4 @@
-package controllers
+package credentials
 
 import (
 	"context"
@@ -13,20 +13,20 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 )
 
-// CredentialTTL is how long a billing credential's Secret is used after it was read
+// SecretTTL is how long a billing credential's Secret is used after it was read
 // before it is read again: a rotation, or a Secret that stops opting in
 // (docs/design.md §11, "Credentials"), takes effect within it. An answer 401/403 from
 // the provider re-reads it at once.
-const CredentialTTL = 10 * time.Second
+const SecretTTL = 10 * time.Second
 
-// secretReader keeps Secrets read by name for CredentialTTL, so a settlement's call
+// SecretReader keeps Secrets read by name for CredentialTTL, so a settlement's call
 // does not cost a GET of its Secret (the operator may only `get` Secrets, so it
 // cannot watch them: docs/decisions.md "Credentials out of the hot path"). The
 // opt-in rules are checked on every use against the copy, and a failed read is never
 // kept: the next use reads again.
-type secretReader struct {
-	reader client.Reader
-	ttl    time.Duration
+type SecretReader struct {
+	Reader client.Reader
+	TTL    time.Duration
 	now    func() time.Time
 
 	mu      sync.Mutex
@@ -42,23 +42,23 @@ type cachedSecret struct {
 }
 
 // Get implements client.Reader for Secrets (other kinds read through).
-func (s *secretReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+func (s *SecretReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 	out, ok := obj.(*corev1.Secret)
 	if !ok {
-		return s.reader.Get(ctx, key, obj, opts...)
+		return s.Reader.Get(ctx, key, obj, opts...)
 	}
 	now := s.clock()
 	s.mu.Lock()
 	e, hit := s.entries[key]
 	epoch := s.forgotten[key]
 	s.mu.Unlock()
-	if hit && now.Sub(e.read) < s.ttl {
+	if hit && now.Sub(e.read) < s.TTL {
 		e.secret.DeepCopyInto(out)
 		return nil
 	}
 	var fresh corev1.Secret
-	if err := s.reader.Get(ctx, key, &fresh, opts...); err != nil {
-		s.forget(key)
+	if err := s.Reader.Get(ctx, key, &fresh, opts...); err != nil {
+		s.Forget(key)
 		return err
 	}
 	s.mu.Lock()
@@ -74,12 +74,12 @@ func (s *secretReader) Get(ctx context.Context, key client.ObjectKey, obj client
 }
 
 // List reads through: the operator never lists Secrets.
-func (s *secretReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
-	return s.reader.List(ctx, list, opts...)
+func (s *SecretReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	return s.Reader.List(ctx, list, opts...)
 }
 
-// forget drops a Secret, so its next use reads it again.
-func (s *secretReader) forget(key types.NamespacedName) {
+// Forget drops a Secret, so its next use reads it again.
+func (s *SecretReader) Forget(key types.NamespacedName) {
 	s.mu.Lock()
 	delete(s.entries, key)
 	if s.forgotten == nil {
@@ -89,16 +89,16 @@ func (s *secretReader) forget(key types.NamespacedName) {
 	s.mu.Unlock()
 }
 
-func (s *secretReader) clock() time.Time {
+func (s *SecretReader) clock() time.Time {
 	if s.now != nil {
 		return s.now()
 	}
 	return time.Now()
 }
 
-// credentialsRejected reports a provider's 401/403: the token it was sent is not
+// Rejected reports a provider's 401/403: the token it was sent is not
 // (or no longer) valid, so the Secret is read again before the next call.
-func credentialsRejected(err error) bool {
+func Rejected(err error) bool {
 	e, ok := billing.AsError(err)
 	return ok && (e.Status == http.StatusUnauthorized || e.Status == http.StatusForbidden)
 }

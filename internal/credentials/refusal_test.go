@@ -1,4 +1,4 @@
-package controllers
+package credentials
 
 import (
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
@@ -54,7 +54,7 @@ func TestCredentialRefusal(t *testing.T) {
 			"job-sink", "https://jobs.example.com", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := CredentialRefusal(tc.labels, tc.annotations, tc.use, tc.to)
+			got := Refusal(tc.labels, tc.annotations, tc.use, tc.to)
 			switch {
 			case tc.refused == "" && got != "":
 				t.Errorf("refused (%s), want allowed", got)
@@ -68,7 +68,7 @@ func TestCredentialRefusal(t *testing.T) {
 // TestCredentialRefusedErrorSaysWhatToDo: the message names the label and annotation
 // with the values to set, and never anything the Secret holds.
 func TestCredentialRefusedErrorSaysWhatToDo(t *testing.T) {
-	err := &CredentialRefusedError{Namespace: "team-a", Secret: "billing-token", Use: "billing",
+	err := &RefusedError{Namespace: "team-a", Secret: "billing-token", Use: "billing",
 		Destination: "https://b.example.com/v1", Reason: "it has no label " + hooksv1alpha1.LabelCredentialFor}
 	msg := err.Error()
 	for _, want := range []string{

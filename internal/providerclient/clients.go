@@ -1,6 +1,8 @@
-package controllers
+package providerclient
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/credentials"
+
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
 
 	"context"
@@ -18,29 +20,29 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
 )
 
-// providerClients caches one billing client per BillingProvider, keyed by its UID,
+// Clients caches one billing client per BillingProvider, keyed by its UID,
 // generation and a fingerprint of its token, so connections are pooled and a spec
 // change or a token rotation takes effect on the next reconcile.
-type providerClients struct {
+type Clients struct {
 	mu      sync.Mutex
 	clients map[string]billing.Client
 	// secrets keeps the credentials' Secrets for CredentialTTL (one GET per Secret
 	// and TTL, not one per settlement).
-	secrets secretReader
+	secrets credentials.SecretReader
 }
 
-func (pc *providerClients) get(ctx context.Context, reader client.Reader,
+func (pc *Clients) Get(ctx context.Context, reader client.Reader,
 	newClient func(adapters.Settings) (billing.Client, error), bp *hooksv1alpha1.BillingProvider,
-	health *ProviderHealth) (billing.Client, error) {
+	health *Health) (billing.Client, error) {
 	pc.mu.Lock()
-	if pc.secrets.reader == nil {
-		pc.secrets.reader, pc.secrets.ttl = reader, CredentialTTL
+	if pc.secrets.Reader == nil {
+		pc.secrets.Reader, pc.secrets.TTL = reader, credentials.SecretTTL
 	}
 	pc.mu.Unlock()
 	// The opt-in is checked on every use (against a copy at most CredentialTTL old),
 	// so a Secret that stops opting in is no longer sent.
 	secretKey := types.NamespacedName{Namespace: bp.Namespace, Name: bp.Spec.CredentialsSecretRef.Name}
-	token, err := readCredential(ctx, &pc.secrets, bp.Namespace, &bp.Spec.CredentialsSecretRef,
+	token, err := credentials.Read(ctx, &pc.secrets, bp.Namespace, &bp.Spec.CredentialsSecretRef,
 		hooksv1alpha1.CredentialForBilling, bp.Spec.Endpoint)
 	if err != nil {
 		return nil, err
@@ -68,7 +70,7 @@ func (pc *providerClients) get(ctx context.Context, reader client.Reader,
 		}
 	}
 	c = observedClient{Client: c, bp: bp.DeepCopy(), health: health,
-		rejected: func() { pc.secrets.forget(secretKey) }}
+		rejected: func() { pc.secrets.Forget(secretKey) }}
 	pc.clients[key] = c
 	return c, nil
 }

@@ -1,16 +1,13 @@
-package controllers
+package credentials
 
 import (
 	"context"
 	"errors"
-	"net/http"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/settlement-operator/settlement-operator/internal/billing"
 )
 
 // countingReader serves one Secret and counts the reads; the cache's rules (TTL,
@@ -36,7 +33,7 @@ func (c *countingReader) Get(_ context.Context, key client.ObjectKey, obj client
 func TestSecretReaderReadsOncePerTTL(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	src := &countingReader{token: "one"}
-	r := &secretReader{reader: src, ttl: CredentialTTL, now: func() time.Time { return now }}
+	r := &SecretReader{Reader: src, TTL: SecretTTL, now: func() time.Time { return now }}
 	key := client.ObjectKey{Namespace: "ns", Name: "billing"}
 	read := func() {
 		t.Helper()
@@ -57,18 +54,18 @@ func TestSecretReaderReadsOncePerTTL(t *testing.T) {
 	if string(s.Data["token"]) != "one" {
 		t.Fatalf("cached copy was changed through a caller: %q", s.Data["token"])
 	}
-	now = now.Add(CredentialTTL)
+	now = now.Add(SecretTTL)
 	read()
 	if src.reads != 2 {
 		t.Fatalf("after the TTL: %d reads, want 2", src.reads)
 	}
-	r.forget(key)
+	r.Forget(key)
 	read()
 	if src.reads != 3 {
 		t.Fatalf("after forget (a 401/403): %d reads, want 3", src.reads)
 	}
 	src.err = errors.New("secrets \"billing\" not found")
-	r.forget(key)
+	r.Forget(key)
 	for range 2 {
 		if err := r.Get(context.Background(), key, &corev1.Secret{}); err == nil {
 			t.Fatal("a failed read must fail")
@@ -93,12 +90,12 @@ func (b *blockingReader) Get(ctx context.Context, key client.ObjectKey, obj clie
 
 func TestSecretReaderKeepsNoReadThatStartedBeforeAForget(t *testing.T) {
 	src := &blockingReader{countingReader: countingReader{token: "refused"}, started: make(chan struct{}), release: make(chan struct{})}
-	r := &secretReader{reader: src, ttl: CredentialTTL}
+	r := &SecretReader{Reader: src, TTL: SecretTTL}
 	key := client.ObjectKey{Namespace: "ns", Name: "billing"}
 	done := make(chan error)
 	go func() { done <- r.Get(context.Background(), key, &corev1.Secret{}) }()
 	<-src.started
-	r.forget(key) // a 401 for the token this read is about to return
+	r.Forget(key) // a 401 for the token this read is about to return
 	close(src.release)
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -108,17 +105,5 @@ func TestSecretReaderKeepsNoReadThatStartedBeforeAForget(t *testing.T) {
 	r.mu.Unlock()
 	if kept {
 		t.Fatal("a read that started before the forget was kept: the refused token would be used for another TTL")
-	}
-}
-
-func TestObservedClientForgetsTheCredentialOnRejection(t *testing.T) {
-	forgot := 0
-	c := observedClient{rejected: func() { forgot++ }}
-	c.observe(&billing.Error{Status: http.StatusUnauthorized})
-	c.observe(&billing.Error{Status: http.StatusForbidden})
-	c.observe(&billing.Error{Status: http.StatusServiceUnavailable})
-	c.observe(nil)
-	if forgot != 2 {
-		t.Fatalf("forgot %d times, want 2 (401 and 403 only)", forgot)
 	}
 }

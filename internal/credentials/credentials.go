@@ -1,4 +1,4 @@
-package controllers
+package credentials
 
 import (
 	"context"
@@ -26,10 +26,10 @@ import (
 // practice. Signing Secrets are read by the receiver and never sent, so they need no
 // opt-in.
 
-// CredentialRefusedError says that a Secret may not be sent for a use to a
+// RefusedError says that a Secret may not be sent for a use to a
 // destination, and what to add to the Secret if it is meant for it. It never holds the
 // Secret's value, nor the destinations the Secret lists.
-type CredentialRefusedError struct {
+type RefusedError struct {
 	// Namespace and Secret name the refused Secret.
 	Namespace, Secret string
 	// Use is the use asked for (hooksv1alpha1.CredentialForBilling or CredentialForJobSink).
@@ -41,7 +41,7 @@ type CredentialRefusedError struct {
 }
 
 // Error tells a human exactly which label and annotation to add.
-func (e *CredentialRefusedError) Error() string {
+func (e *RefusedError) Error() string {
 	return fmt.Sprintf("Secret %q is not sent to %s: %s. The operator sends a Secret only if it carries label %s=%s "+
 		"and lists the destination in annotation %s (comma-separated URL prefixes); if this Secret is meant for it, "+
 		"whoever may edit it runs: kubectl label secret %s -n %s %s=%s; kubectl annotate secret %s -n %s %s=%s "+
@@ -52,21 +52,21 @@ func (e *CredentialRefusedError) Error() string {
 		e.Secret, e.Namespace, hooksv1alpha1.AnnotationCredentialDestinations, e.Destination)
 }
 
-// errCredentialKeyMissing: the Secret opts in but lacks the referenced key.
-var errCredentialKeyMissing = errors.New("the key is missing or empty")
+// ErrKeyMissing: the Secret opts in but lacks the referenced key.
+var ErrKeyMissing = errors.New("the key is missing or empty")
 
-// isCredentialRefused reports whether err is (or wraps) a CredentialRefusedError.
-func isCredentialRefused(err error) bool {
-	var refused *CredentialRefusedError
+// IsRefused reports whether err is (or wraps) a CredentialRefusedError.
+func IsRefused(err error) bool {
+	var refused *RefusedError
 	return errors.As(err, &refused)
 }
 
-// readCredential reads one key of a Secret with a live GET (the operator needs only
+// Read reads one key of a Secret with a live GET (the operator needs only
 // `get` on Secrets, never a watch of them, and a change to the Secret's opt-in applies
 // on its next use) and returns it only if the Secret opts in to use at destination.
 // A refusal is a *CredentialRefusedError; the key is looked at only after the opt-in,
 // so a refused Secret discloses nothing about its content.
-func readCredential(ctx context.Context, reader client.Reader, namespace string, ref *hooksv1alpha1.SecretKeyReference,
+func Read(ctx context.Context, reader client.Reader, namespace string, ref *hooksv1alpha1.SecretKeyReference,
 	use, destination string) (string, error) {
 	if ref == nil {
 		return "", nil
@@ -75,8 +75,8 @@ func readCredential(ctx context.Context, reader client.Reader, namespace string,
 	if err := reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, &s); err != nil {
 		return "", fmt.Errorf("read secret %s/%s: %w", namespace, ref.Name, err)
 	}
-	if why := CredentialRefusal(s.Labels, s.Annotations, use, destination); why != "" {
-		return "", &CredentialRefusedError{Namespace: namespace, Secret: ref.Name, Use: use, Destination: destination, Reason: why}
+	if why := Refusal(s.Labels, s.Annotations, use, destination); why != "" {
+		return "", &RefusedError{Namespace: namespace, Secret: ref.Name, Use: use, Destination: destination, Reason: why}
 	}
 	key := ref.Key
 	if key == "" {
@@ -84,14 +84,14 @@ func readCredential(ctx context.Context, reader client.Reader, namespace string,
 	}
 	v, ok := s.Data[key]
 	if !ok || len(v) == 0 {
-		return "", fmt.Errorf("secret %s/%s has no key %q: %w", namespace, ref.Name, key, errCredentialKeyMissing)
+		return "", fmt.Errorf("secret %s/%s has no key %q: %w", namespace, ref.Name, key, ErrKeyMissing)
 	}
 	return strings.TrimSpace(string(v)), nil
 }
 
-// CredentialRefusal says why a Secret with these labels and annotations may not be
+// Refusal says why a Secret with these labels and annotations may not be
 // sent for use to destination, or "" if it may. Pure, so the rules are table-tested.
-func CredentialRefusal(labels, annotations map[string]string, use, destination string) string {
+func Refusal(labels, annotations map[string]string, use, destination string) string {
 	got, ok := labels[hooksv1alpha1.LabelCredentialFor]
 	switch {
 	case !ok:

@@ -1,4 +1,4 @@
-package controllers
+package providerclient
 
 import (
 	"errors"
@@ -15,7 +15,7 @@ import (
 // stands against successes for Hold while a change of failure shows at once.
 func TestProviderHealth(t *testing.T) {
 	now := time.Unix(1000, 0)
-	h := NewProviderHealth()
+	h := NewHealth()
 	h.Now = func() time.Time { return now }
 	bp := &hooksv1alpha1.BillingProvider{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "billing", UID: "u1"},
 		Spec: hooksv1alpha1.BillingProviderSpec{Endpoint: "https://billing.example.com",
@@ -43,7 +43,7 @@ func TestProviderHealth(t *testing.T) {
 	for i, s := range steps {
 		now = now.Add(s.after)
 		h.observe(bp, s.err)
-		_, reason, _, ok := h.condition(bp.UID, bp.Generation)
+		_, reason, _, ok := h.Condition(bp.UID, bp.Generation)
 		if !ok {
 			reason = ""
 		}
@@ -54,16 +54,16 @@ func TestProviderHealth(t *testing.T) {
 	// A new spec (another endpoint) starts over; a late call through the old one is ignored.
 	newer := bp.DeepCopy()
 	newer.Generation = 2
-	if _, _, _, ok := h.condition(newer.UID, newer.Generation); ok {
+	if _, _, _, ok := h.Condition(newer.UID, newer.Generation); ok {
 		t.Fatal("the calls to generation 1 speak for generation 2")
 	}
 	h.observe(newer, rejected)
 	h.observe(bp, nil)
-	if _, reason, _, _ := h.condition(newer.UID, newer.Generation); reason != hooksv1alpha1.ReasonCredentialsRejected {
+	if _, reason, _, _ := h.Condition(newer.UID, newer.Generation); reason != hooksv1alpha1.ReasonCredentialsRejected {
 		t.Fatalf("generation 2: %q after a late call through generation 1", reason)
 	}
-	h.forget(bp.UID)
-	if _, _, _, ok := h.condition(newer.UID, newer.Generation); ok {
+	h.Forget(bp.UID)
+	if _, _, _, ok := h.Condition(newer.UID, newer.Generation); ok {
 		t.Fatal("a forgotten provider still has a condition")
 	}
 	for _, c := range []struct {
@@ -77,7 +77,7 @@ func TestProviderHealth(t *testing.T) {
 		{serverError, hooksv1alpha1.ReasonProviderCallFailed},
 		{errors.New("the API server timed out"), hooksv1alpha1.ReasonAPIServerFailure},
 	} {
-		if got := reportFailureReason(c.err); got != c.want {
+		if got := ReportFailureReason(c.err); got != c.want {
 			t.Errorf("reportFailureReason(%v) = %s, want %s", c.err, got, c.want)
 		}
 	}

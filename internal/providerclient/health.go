@@ -1,6 +1,8 @@
-package controllers
+package providerclient
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/credentials"
+
 	"context"
 	"fmt"
 	"net/http"
@@ -15,13 +17,13 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 )
 
-// ProviderHealth remembers how the latest calls to each BillingProvider went, so that
+// Health remembers how the latest calls to each BillingProvider went, so that
 // the BillingProvider's status says what every settlement sees — the provider refuses
 // the token, or its endpoint cannot be reached — instead of Ready=True while every
 // call fails (docs/decisions.md "Provider health"). It lives in memory: only the
 // leader calls providers, and a new leader learns again from its first calls. The
 // settlement and BillingProvider controllers share one.
-type ProviderHealth struct {
+type Health struct {
 	// Hold is how long a failure stands against later successes (30s), so that a
 	// provider failing some calls does not flap between healthy and not.
 	Hold time.Duration
@@ -41,24 +43,24 @@ type providerHealthState struct {
 	lastFailure     time.Time
 }
 
-// NewProviderHealth makes an empty tracker.
-func NewProviderHealth() *ProviderHealth {
-	return &ProviderHealth{state: map[types.UID]*providerHealthState{}, changed: make(chan event.GenericEvent, 1024)}
+// NewHealth makes an empty tracker.
+func NewHealth() *Health {
+	return &Health{state: map[types.UID]*providerHealthState{}, changed: make(chan event.GenericEvent, 1024)}
 }
 
 // Changes delivers a BillingProvider whose health reason changed, for its controller
 // to write the condition (a source.Channel). When the channel is full the change waits
 // for the provider's next reconcile.
-func (h *ProviderHealth) Changes() <-chan event.GenericEvent { return h.changed }
+func (h *Health) Changes() <-chan event.GenericEvent { return h.changed }
 
-func (h *ProviderHealth) now() time.Time {
+func (h *Health) now() time.Time {
 	if h.Now != nil {
 		return h.Now()
 	}
 	return time.Now()
 }
 
-func (h *ProviderHealth) hold() time.Duration {
+func (h *Health) hold() time.Duration {
 	if h.Hold > 0 {
 		return h.Hold
 	}
@@ -66,7 +68,7 @@ func (h *ProviderHealth) hold() time.Duration {
 }
 
 // observe records the outcome of one call to bp.
-func (h *ProviderHealth) observe(bp *hooksv1alpha1.BillingProvider, err error) {
+func (h *Health) observe(bp *hooksv1alpha1.BillingProvider, err error) {
 	if h == nil {
 		return
 	}
@@ -105,9 +107,9 @@ func (h *ProviderHealth) observe(bp *hooksv1alpha1.BillingProvider, err error) {
 	}
 }
 
-// condition is the ProviderHealthy condition for a provider; ok is false before its
+// Condition is the ProviderHealthy condition for a provider; ok is false before its
 // first call.
-func (h *ProviderHealth) condition(uid types.UID, generation int64) (status metav1.ConditionStatus, reason, message string, ok bool) {
+func (h *Health) Condition(uid types.UID, generation int64) (status metav1.ConditionStatus, reason, message string, ok bool) {
 	if h == nil {
 		return "", "", "", false
 	}
@@ -124,8 +126,8 @@ func (h *ProviderHealth) condition(uid types.UID, generation int64) (status meta
 	return status, st.reason, st.message, true
 }
 
-// forget drops a deleted provider.
-func (h *ProviderHealth) forget(uid types.UID) {
+// Forget drops a deleted provider.
+func (h *Health) Forget(uid types.UID) {
 	if h == nil {
 		return
 	}
@@ -177,7 +179,7 @@ func secretKeyOf(bp *hooksv1alpha1.BillingProvider) string {
 type observedClient struct {
 	billing.Client
 	bp     *hooksv1alpha1.BillingProvider
-	health *ProviderHealth // nil: not shown
+	health *Health // nil: not shown
 	// rejected is called on a 401/403 (the credential is read again before the next call).
 	rejected func()
 }
@@ -186,7 +188,7 @@ func (c observedClient) observe(err error) {
 	if c.health != nil {
 		c.health.observe(c.bp, err)
 	}
-	if c.rejected != nil && credentialsRejected(err) {
+	if c.rejected != nil && credentials.Rejected(err) {
 		c.rejected()
 	}
 }
@@ -219,9 +221,9 @@ func (c observedClient) List(ctx context.Context, since time.Time, cursor string
 	return items, next, err
 }
 
-// reportFailureReason is a failed pass's reason: what the provider call that failed
+// ReportFailureReason is a failed pass's reason: what the provider call that failed
 // says, or APIServerFailure when the pass failed on the cluster or the archive.
-func reportFailureReason(err error) string {
+func ReportFailureReason(err error) string {
 	e, ok := billing.AsError(err)
 	switch {
 	case !ok:
