@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 
 	corev1 "k8s.io/api/core/v1"
@@ -27,7 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -225,7 +227,7 @@ func main() {
 			"measured: one 8 GiB etcd fills after about 14 days at 1 event/s, and the 512 MiB memory limit is reached after about 20,000 lifetime jobs. " +
 			"Configure --archive-database-url / ARCHIVE_DATABASE_URL (docs/archive.md) for a working set bounded by what is in flight")
 	}
-	controllers.SetArchiveEnabled(store != nil)
+	metrics.SetArchiveEnabled(store != nil)
 
 	if err := (&controllers.WebhookProviderReconciler{
 		Client:    mgr.GetClient(),
@@ -265,7 +267,7 @@ func main() {
 		log.Error(err, "unable to set up controller", "controller", controllers.BillingProviderControllerName)
 		os.Exit(1)
 	}
-	metrics.Registry.MustRegister(controllers.NewObjectsCollector(mgr.GetCache()))
+	crmetrics.Registry.MustRegister(metrics.NewObjectsCollector(mgr.GetCache()))
 
 	if store != nil {
 		recvOpts.Archive = store

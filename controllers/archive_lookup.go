@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+
 	"context"
 	"errors"
 	"fmt"
@@ -32,7 +34,7 @@ func settlementInClusterOrArchive(ctx context.Context, reader client.Reader, sto
 		return nil, false, err
 	}
 	got, aerr := store.Settlement(ctx, ns, name)
-	noteArchive("BillingSettlement", aerr)
+	metrics.NoteArchive("BillingSettlement", aerr)
 	if aerr != nil {
 		return nil, false, fmt.Errorf("%w: look up settlement %s: %v", errArchiveUnavailable, name, aerr)
 	}
@@ -66,6 +68,6 @@ func operationIdentities(ns, name, settlementKey, idempotencyKey string) (names,
 func archivedOperation(ctx context.Context, store *archive.Store, bs *hooksv1alpha1.BillingSettlement) (*hooksv1alpha1.BillingSettlement, error) {
 	names, keys := operationIdentities(bs.Namespace, bs.Name, bs.Spec.SettlementKey, bs.Spec.IdempotencyKey)
 	got, err := store.SettlementMatching(ctx, bs.Namespace, names, keys)
-	noteArchive("BillingSettlement", err)
+	metrics.NoteArchive("BillingSettlement", err)
 	return got, err
 }

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+
 	"context"
 	"errors"
 	"fmt"
@@ -97,7 +99,7 @@ func (m *ArchiveMigrator) Start(ctx context.Context) error {
 				m.Archive.Hold(err)
 			}
 		}
-		noteArchive("schema", err)
+		metrics.NoteArchive("schema", err)
 		if err == nil {
 			v, _ := m.Archive.SchemaVersion(ctx)
 			logger.Info("archive ready", "schemaVersion", v)

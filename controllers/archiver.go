@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
 
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
@@ -9,7 +11,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -40,52 +41,6 @@ const DefaultArchiveAfter = time.Hour
 
 // archiveRetry is how soon archival is tried again after the archive failed to answer.
 const archiveRetry = 10 * time.Second
-
-var (
-	archivedRecords = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "settlement_archived_total",
-		Help: "Records archived to PostgreSQL and removed from the cluster, by kind.",
-	}, []string{"kind"})
-	archiveFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "settlement_archive_failures_total",
-		Help: "Archive operations that failed, by kind and reason (unavailable: the archive did not answer; conflict: the archive holds other content under the record's name or key — alert on it).",
-	}, []string{"kind", "reason"})
-	archivedDuplicates = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "settlement_archived_duplicates_total",
-		Help: "Records not dispatched or sent because the archive already held them (a redelivered event, a settlement created again for an archived key), by kind.",
-	}, []string{"kind"})
-	archiveEnabled = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "settlement_archive_enabled",
-		Help: "1 when finished records are archived to PostgreSQL; 0 when every record stays in the cluster (see docs/capacity.md).",
-	})
-	archiveUp = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "settlement_archive_up",
-		Help: "1 when the archive answered its last operation, 0 when it did not.",
-	})
-)
-
-// SetArchiveEnabled records whether the manager runs with an archive.
-func SetArchiveEnabled(on bool) {
-	if on {
-		archiveEnabled.Set(1)
-	} else {
-		archiveEnabled.Set(0)
-	}
-}
-
-// noteArchive records whether the archive answered.
-func noteArchive(kind string, err error) {
-	switch {
-	case err == nil:
-		archiveUp.Set(1)
-	case archive.IsConflict(err):
-		archiveUp.Set(1)
-		archiveFailures.WithLabelValues(kind, "conflict").Inc()
-	default:
-		archiveUp.Set(0)
-		archiveFailures.WithLabelValues(kind, "unavailable").Inc()
-	}
-}
 
 // Archiver moves finished records from the cluster into the archive (docs/design.md
 // §12): after After has passed since a record finished, it is inserted (idempotently),
@@ -230,7 +185,7 @@ func (a *Archiver) jobHeld(ctx context.Context, obj client.Object) (string, erro
 		return "", err
 	}
 	got, err := a.Archive.Settlement(ctx, jc.Namespace, name)
-	noteArchive("BillingSettlement", err)
+	metrics.NoteArchive("BillingSettlement", err)
 	if err != nil || got != nil {
 		return "", err
 	}
@@ -271,7 +226,7 @@ func (a *Archiver) settlementHeld(ctx context.Context, obj client.Object) (strin
 	err := a.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: identity.JobCompletionName(bs.Spec.WebhookProvider, bs.Spec.JobID)}, &jc)
 	if apierrors.IsNotFound(err) {
 		got, aerr := a.Archive.LatestJob(ctx, bs.Namespace, bs.Spec.WebhookProvider, bs.Spec.JobID)
-		noteArchive("JobCompletion", aerr)
+		metrics.NoteArchive("JobCompletion", aerr)
 		if aerr != nil || got == nil {
 			return "", aerr
 		}
@@ -315,7 +270,7 @@ func (a *Archiver) archiveOne(kind string, newObj func() client.Object, insert f
 			}
 		}
 		err := insert(ctx, obj)
-		noteArchive(kind, err)
+		metrics.NoteArchive(kind, err)
 		if archive.IsConflict(err) {
 			a.Recorder.Eventf(obj, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonArchiveConflict, "Archive",
 				"not archived, kept in the cluster: %s", conditions.TruncateMessage(err.Error()))
@@ -338,7 +293,7 @@ func (a *Archiver) archiveOne(kind string, newObj func() client.Object, insert f
 		case err != nil:
 			return ctrl.Result{}, fmt.Errorf("delete archived %s %s: %w", kind, req.NamespacedName, err)
 		}
-		archivedRecords.WithLabelValues(kind).Inc()
+		metrics.ArchivedRecords.WithLabelValues(kind).Inc()
 		return ctrl.Result{}, nil
 	}
 }

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 
 	"github.com/settlement-operator/settlement-operator/internal/credentials"
@@ -372,7 +374,7 @@ func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *
 		// Compensations already archived count as much as those in the cluster: without
 		// them, a charge could be refunded again once its first refund left.
 		archived, err := r.Archive.Reversing(ctx, bs.Namespace, orig.Name)
-		noteArchive("BillingSettlement", err)
+		metrics.NoteArchive("BillingSettlement", err)
 		if err != nil {
 			return r.holdCompensation(s, "waiting for the archive: earlier compensations of the charge may be there")
 		}
@@ -592,7 +594,7 @@ func (r *BillingSettlementReconciler) submit(ctx context.Context, s *settlementS
 	}
 	called := time.Now()
 	rec, err := s.client.Submit(ctx, req)
-	observeBillingCall(bs.Namespace, bs.Spec.BillingProviderRef, "submit", called, err)
+	metrics.ObserveBillingCall(bs.Namespace, bs.Spec.BillingProviderRef, "submit", called, err)
 	if err != nil {
 		o := settlement.FailureObservation(err, s.now, st)
 		o.Submit, o.PriorExposure, o.PriorLastSubmission = true, prior, priorLast
@@ -663,7 +665,7 @@ func (r *BillingSettlementReconciler) lookup(ctx context.Context, s *settlementS
 	req := s.request()
 	called := time.Now()
 	rec, found, err := billing.LookupFor(ctx, s.client, req)
-	observeBillingCall(bs.Namespace, bs.Spec.BillingProviderRef, "lookup", called, err)
+	metrics.ObserveBillingCall(bs.Namespace, bs.Spec.BillingProviderRef, "lookup", called, err)
 	if err != nil {
 		return settlement.FailureObservation(err, s.now, &bs.Status)
 	}
@@ -734,7 +736,7 @@ func (r *BillingSettlementReconciler) release(ctx context.Context, s *settlement
 		// One that never presented its key anywhere is no financial record: it goes as
 		// without an archive (its events show it deleted; nothing reserves its keys).
 		err := r.Archive.ArchiveSettlement(ctx, bs)
-		noteArchive("BillingSettlement", err)
+		metrics.NoteArchive("BillingSettlement", err)
 		switch {
 		case err == nil:
 		case archive.IsConflict(err):

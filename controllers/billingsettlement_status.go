@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
 
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
@@ -17,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
-	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/money"
 )
 
@@ -39,7 +40,7 @@ func (r *BillingSettlementReconciler) patchStatus(ctx context.Context, s *settle
 // countTransition counts a state change between the last write and this one.
 func (r *BillingSettlementReconciler) countTransition(s *settlementScope) {
 	if s.before.Status.State != s.bs.Status.State {
-		settlementTransitions.WithLabelValues(s.bs.Namespace, s.bs.Spec.BillingProviderRef, string(s.bs.Status.State)).Inc()
+		metrics.SettlementTransitions.WithLabelValues(s.bs.Namespace, s.bs.Spec.BillingProviderRef, string(s.bs.Status.State)).Inc()
 	}
 }
 
@@ -120,7 +121,7 @@ func (r *BillingSettlementReconciler) apply(ctx context.Context, s *settlementSc
 		r.cond(bs, hooksv1alpha1.ConditionSettled, metav1.ConditionFalse, d.Reason, msg)
 		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, d.Reason, msg)
 		if d.DeadLetter {
-			deadLetters.WithLabelValues(bs.Namespace, bs.Spec.BillingProviderRef).Inc()
+			metrics.DeadLetters.WithLabelValues(bs.Namespace, bs.Spec.BillingProviderRef).Inc()
 			r.cond(bs, hooksv1alpha1.ConditionDeadLettered, metav1.ConditionTrue, d.Reason,
 				conditions.TruncateMessage(msg+"; nothing was charged; to retry with the same key: kubectl annotate billingsettlement "+bs.Name+" "+
 					hooksv1alpha1.AnnotationReplay+"=\"$(date +%s)\" --overwrite"))
@@ -162,13 +163,6 @@ func (r *BillingSettlementReconciler) holdDeletion(s *settlementScope, why strin
 	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonDeletionBlocked, conditions.TruncateMessage(msg))
 }
 
-func classLabel(err error) string {
-	if e, ok := billing.AsError(err); ok {
-		return strings.ToLower(e.Class.String())
-	}
-	return "ambiguous"
-}
-
 func findCondition(bs *hooksv1alpha1.BillingSettlement, typ string) *metav1.Condition {
 	for i := range bs.Status.Conditions {
 		if bs.Status.Conditions[i].Type == typ {
@@ -186,7 +180,7 @@ func (r *BillingSettlementReconciler) observeReceiptToSettled(ctx context.Contex
 			start = ev.Spec.ReceivedAt.Time
 		}
 	}
-	receiptToSettled.Observe(r.now().Sub(start).Seconds())
+	metrics.ReceiptToSettled.Observe(r.now().Sub(start).Seconds())
 }
 
 // chargeDisplay is status.charge: what the settlement charges, for the CHARGE column.

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -31,8 +33,8 @@ func TestNewFindingsCountedOnce(t *testing.T) {
 	}
 	var mem findingMemory
 	const ns, bp, uid = "findings-test", "billing", "uid-1"
-	stuckC := discrepanciesFound.WithLabelValues(ns, bp, string(hooksv1alpha1.DiscrepancySettlementStuck))
-	strangerC := discrepanciesFound.WithLabelValues(ns, bp, string(hooksv1alpha1.DiscrepancyProviderRecordWithoutSettlement))
+	stuckC := metrics.DiscrepanciesFound.WithLabelValues(ns, bp, string(hooksv1alpha1.DiscrepancySettlementStuck))
+	strangerC := metrics.DiscrepanciesFound.WithLabelValues(ns, bp, string(hooksv1alpha1.DiscrepancyProviderRecordWithoutSettlement))
 	for _, pass := range passes {
 		stuckBefore, strangersBefore := testutil.ToFloat64(stuckC), testutil.ToFloat64(strangerC)
 		p := &passState{report: &hooksv1alpha1.ReconciliationReportStatus{}, byType: map[hooksv1alpha1.DiscrepancyType]int32{},

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+
 	"github.com/settlement-operator/settlement-operator/internal/credentials"
 
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
@@ -74,7 +76,7 @@ func (r *JobCompletionReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 			err = perr
 		}
 		if wrote && before.Status.State != jc.Status.State {
-			jobTransitions.WithLabelValues(string(jc.Status.State)).Inc()
+			metrics.JobTransitions.WithLabelValues(string(jc.Status.State)).Inc()
 		}
 	}()
 	return r.reconcile(ctx, &jc)

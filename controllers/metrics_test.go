@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,7 +14,6 @@ import (
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
-	"github.com/settlement-operator/settlement-operator/controllers"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 )
 
@@ -59,7 +60,7 @@ var _ = Describe("metrics an SRE alerts on (docs/decisions.md \"Metrics (issue 1
 		}
 		Expect(k8s.Create(ctx, bs)).To(Succeed()) // its provider does not exist: it stays unsettled
 
-		collector := controllers.NewObjectsCollector(k8s)
+		collector := metrics.NewObjectsCollector(k8s)
 		collector.Now = func() time.Time { return bs.CreationTimestamp.Add(90 * time.Minute) }
 		reg := prometheus.NewPedanticRegistry()
 		Expect(reg.Register(collector)).To(Succeed())

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
@@ -16,7 +18,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -31,17 +32,6 @@ import (
 
 // maxReportItems is how many findings a report lists; counts are always complete.
 const maxReportItems = 100
-
-var (
-	discrepanciesFound = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "settlement_reconciliation_discrepancies_total",
-		Help: "New discrepancies found by reconciliation passes, by namespace, BillingProvider and type: a finding (type and object) the previous pass of the same BillingProvider also reported is not counted again.",
-	}, []string{"namespace", "billing_provider", "type"})
-	repairsCarriedOut = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "settlement_reconciliation_repairs_total",
-		Help: "Repairs named by reconciliation passes, by action and whether they were carried out.",
-	}, []string{"action", "carried_out"})
-)
 
 // findingMemory keeps, per BillingProvider (by UID), the findings of its last pass, so
 // that settlement_reconciliation_discrepancies_total counts a finding once rather than
@@ -180,10 +170,10 @@ func (p *passState) add(d hooksv1alpha1.Discrepancy) {
 	id := findingID(d)
 	_, before := p.previous[id]
 	if _, again := p.seen[id]; !before && !again {
-		discrepanciesFound.WithLabelValues(p.namespace, p.provider, string(d.Type)).Inc()
+		metrics.DiscrepanciesFound.WithLabelValues(p.namespace, p.provider, string(d.Type)).Inc()
 	}
 	p.seen[id] = struct{}{}
-	repairsCarriedOut.WithLabelValues(string(d.Action), fmt.Sprint(d.CarriedOut)).Inc()
+	metrics.RepairsCarriedOut.WithLabelValues(string(d.Action), fmt.Sprint(d.CarriedOut)).Inc()
 	if p.items == nil {
 		p.items = map[hooksv1alpha1.DiscrepancyType][]hooksv1alpha1.Discrepancy{}
 	}
@@ -483,7 +473,7 @@ func (r *BillingProviderReconciler) addUnlessArchived(ctx context.Context, ns st
 		}
 		var err error
 		archived, err = known(ctx, ns, keys)
-		noteArchive("BillingSettlement", err)
+		metrics.NoteArchive("BillingSettlement", err)
 		if err != nil {
 			return fmt.Errorf("%w: compare with the archive: %v", errArchiveUnavailable, err)
 		}
@@ -585,7 +575,7 @@ func (r *BillingProviderReconciler) compareUnknown(ctx context.Context, ns strin
 		}
 		var err error
 		archived, err = r.Archive.SettlementsByIdempotencyKey(ctx, ns, keys)
-		noteArchive("BillingSettlement", err)
+		metrics.NoteArchive("BillingSettlement", err)
 		if err != nil {
 			return fmt.Errorf("%w: compare with the archive: %v", errArchiveUnavailable, err)
 		}
@@ -722,7 +712,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 	for {
 		called := time.Now()
 		recs, next, err := c.List(ctx, since, cursor)
-		observeBillingCall(bp.Namespace, bp.Name, "list", called, err)
+		metrics.ObserveBillingCall(bp.Namespace, bp.Name, "list", called, err)
 		if err != nil {
 			// The walk is dropped: a refused cursor must not be retried forever, and the
 			// next pass, at the usual interval, starts again from the mark.
@@ -824,7 +814,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 		}
 		called := time.Now()
 		rec, found, err := billing.LookupFor(ctx, c, settlement.RequestOf(bs, reverses, reversesRef))
-		observeBillingCall(bp.Namespace, bp.Name, "lookup", called, err)
+		metrics.ObserveBillingCall(bp.Namespace, bp.Name, "lookup", called, err)
 		if e, ok := billing.AsError(err); ok && e.Unanswerable {
 			if e.Unreadable && sentHere(bs) {
 				// Stripe can neither list nor read back meter events: the settlement rests
@@ -891,7 +881,7 @@ func (r *BillingProviderReconciler) settledVoidOf(ctx context.Context, bs *hooks
 	comps := l.Items
 	if r.Archive != nil {
 		archived, err := r.Archive.Reversing(ctx, bs.Namespace, bs.Name)
-		noteArchive("BillingSettlement", err)
+		metrics.NoteArchive("BillingSettlement", err)
 		if err != nil {
 			return "", fmt.Errorf("list archived compensations of %s: %w", bs.Name, err)
 		}

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
@@ -168,7 +170,7 @@ func (r *BillingProviderReconciler) compareUsageTotals(ctx context.Context, bp *
 			names = append(names, bs.Name)
 		}
 		cancelled, err := r.Archive.CancelledAmong(ctx, bp.Namespace, names)
-		noteArchive("BillingSettlement", err)
+		metrics.NoteArchive("BillingSettlement", err)
 		if err != nil {
 			return fmt.Errorf("%w: usage totals: %v", errArchiveUnavailable, err)
 		}
@@ -197,7 +199,7 @@ func (r *BillingProviderReconciler) compareUsageTotals(ctx context.Context, bp *
 				settled: !unknown && !u.Reversed && !reversed[u.Name]})
 			return nil
 		})
-		noteArchive("BillingSettlement", err)
+		metrics.NoteArchive("BillingSettlement", err)
 		if err != nil {
 			return fmt.Errorf("%w: usage totals: %v", errArchiveUnavailable, err)
 		}
@@ -234,7 +236,7 @@ func (r *BillingProviderReconciler) compareUsageTotals(ctx context.Context, bp *
 		}
 		called := time.Now()
 		total, err := t.UsageTotal(ctx, g.meter, g.customer, start, end)
-		observeBillingCall(bp.Namespace, bp.Name, "usage_total", called, err)
+		metrics.ObserveBillingCall(bp.Namespace, bp.Name, "usage_total", called, err)
 		e, _ := billing.AsError(err)
 		switch {
 		case err == nil:

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
 
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
@@ -269,7 +271,7 @@ func (r *WebhookEventReconciler) retention(ctx context.Context, ev *hooksv1alpha
 	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, true, fmt.Errorf("delete expired webhookevent %s: %w", ev.Name, err)
 	}
-	eventsExpired.Inc()
+	metrics.EventsExpired.Inc()
 	return ctrl.Result{}, true, nil
 }
 
@@ -286,7 +288,7 @@ func (r *WebhookEventReconciler) checkArchivedReceipt(ctx context.Context, ev *h
 		return ctrl.Result{}, false, nil
 	}
 	prior, err := r.Archive.Event(ctx, ev.Namespace, ev.Spec.Provider, ev.Spec.EventID)
-	noteArchive("WebhookEvent", err)
+	metrics.NoteArchive("WebhookEvent", err)
 	if err != nil {
 		ev.Status.Phase = hooksv1alpha1.EventReceived
 		conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionDispatched, metav1.ConditionFalse,
@@ -320,7 +322,7 @@ func (r *WebhookEventReconciler) checkArchivedReceipt(ctx context.Context, ev *h
 	if err := r.Delete(ctx, ev, client.Preconditions{UID: &uid, ResourceVersion: &rv}); err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, false, fmt.Errorf("delete duplicate of archived event %s: %w", ev.Name, err)
 	}
-	archivedDuplicates.WithLabelValues("WebhookEvent").Inc()
+	metrics.ArchivedDuplicates.WithLabelValues("WebhookEvent").Inc()
 	return ctrl.Result{}, true, nil
 }
 
@@ -574,7 +576,7 @@ func (r *WebhookEventReconciler) archivedJob(ctx context.Context, ev *hooksv1alp
 		return nil, nil
 	}
 	got, err := r.Archive.LatestJob(ctx, ev.Namespace, ev.Spec.Provider, jobID)
-	noteArchive("JobCompletion", err)
+	metrics.NoteArchive("JobCompletion", err)
 	if err != nil {
 		return nil, fmt.Errorf("%w: look up job %q: %v", errArchiveUnavailable, jobID, err)
 	}

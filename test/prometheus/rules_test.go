@@ -12,11 +12,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/prometheus/promql/parser"
 	"sigs.k8s.io/yaml"
 
-	"github.com/settlement-operator/settlement-operator/controllers"
 	"github.com/settlement-operator/settlement-operator/internal/receiver"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
@@ -25,7 +26,7 @@ import (
 // collected from the collectors' descriptions (not a hand-kept list).
 func registered(t *testing.T) map[string]bool {
 	t.Helper()
-	collectors := append(append(controllers.MetricCollectors(), receiver.MetricCollectors()...), controllers.NewObjectsCollector(nil))
+	collectors := append(append(metrics.Collectors(), receiver.MetricCollectors()...), metrics.NewObjectsCollector(nil))
 	reg := prometheus.NewPedanticRegistry()
 	names := map[string]bool{}
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)

@@ -1,21 +1,24 @@
-package controllers
+package metrics
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/billing"
 )
 
 // Metric labels name the namespace and the BillingProvider (or WebhookProvider), never
 // an event ID, a key or a customer: their values are bounded by the objects a platform
 // team creates, not by what senders send (docs/decisions.md "Metrics (issue 13)").
 var (
-	settlementAttempts = prometheus.NewCounterVec(prometheus.CounterOpts{
+	providerCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_provider_calls_total",
 		Help: "Calls to billing providers by namespace, BillingProvider, operation (submit, lookup, list) and outcome (ok, transient, ambiguous, terminal).",
 	}, []string{"namespace", "billing_provider", "operation", "outcome"})
@@ -26,51 +29,51 @@ var (
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 	}, []string{"namespace", "billing_provider", "operation", "outcome"})
 
-	settlementTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
+	SettlementTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_transitions_total",
 		Help: "BillingSettlement state transitions by namespace, BillingProvider and the state entered.",
 	}, []string{"namespace", "billing_provider", "state"})
 
-	deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{
+	DeadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_dead_letters_total",
 		Help: "BillingSettlements dead-lettered (retries exhausted or terminal error) by namespace and BillingProvider; replay to resume.",
 	}, []string{"namespace", "billing_provider"})
 
-	receiptToSettled = prometheus.NewHistogram(prometheus.HistogramOpts{
+	ReceiptToSettled = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "settlement_receipt_to_settled_seconds",
 		Help:    "Time from the source event's receipt to the provider's settlement.",
 		Buckets: prometheus.ExponentialBuckets(0.05, 2, 16),
 	})
 
-	eventsExpired = prometheus.NewCounter(prometheus.CounterOpts{
+	EventsExpired = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "settlement_events_expired_total",
 		Help: "Complete WebhookEvents deleted by retention.",
 	})
 
-	jobTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
+	JobTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_job_completion_transitions_total",
 		Help: "JobCompletion state transitions by the state entered.",
 	}, []string{"state"})
 )
 
-// MetricCollectors are the controllers' metrics, registered with controller-runtime's
+// Collectors are the controllers' metrics, registered with controller-runtime's
 // registry at start (the ObjectsCollector is registered by the manager, which owns the
 // cache it reads). test/prometheus checks the shipped alerts and dashboard against them.
-func MetricCollectors() []prometheus.Collector {
-	return []prometheus.Collector{eventsExpired, settlementAttempts, billingCallDuration, settlementTransitions, deadLetters,
-		receiptToSettled, jobTransitions, discrepanciesFound, repairsCarriedOut,
-		archivedRecords, archivedDuplicates, archiveFailures, archiveEnabled, archiveUp}
+func Collectors() []prometheus.Collector {
+	return []prometheus.Collector{EventsExpired, providerCalls, billingCallDuration, SettlementTransitions, DeadLetters,
+		ReceiptToSettled, JobTransitions, DiscrepanciesFound, RepairsCarriedOut,
+		ArchivedRecords, ArchivedDuplicates, ArchiveFailures, archiveEnabled, archiveUp}
 }
 
-func init() { metrics.Registry.MustRegister(MetricCollectors()...) }
+func init() { crmetrics.Registry.MustRegister(Collectors()...) }
 
-// observeBillingCall counts one call to a billing provider and records its duration.
-func observeBillingCall(namespace, billingProvider, operation string, start time.Time, err error) {
+// ObserveBillingCall counts one call to a billing provider and records its duration.
+func ObserveBillingCall(namespace, billingProvider, operation string, start time.Time, err error) {
 	outcome := "ok"
 	if err != nil {
 		outcome = classLabel(err)
 	}
-	settlementAttempts.WithLabelValues(namespace, billingProvider, operation, outcome).Inc()
+	providerCalls.WithLabelValues(namespace, billingProvider, operation, outcome).Inc()
 	billingCallDuration.WithLabelValues(namespace, billingProvider, operation, outcome).Observe(time.Since(start).Seconds())
 }
 
@@ -184,4 +187,68 @@ func (c *ObjectsCollector) Collect(ch chan<- prometheus.Metric) {
 		emit("BillingSettlement", counts)
 		c.collectOldest(ctx, ch, stls.Items)
 	}
+}
+
+var (
+	ArchivedRecords = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_archived_total",
+		Help: "Records archived to PostgreSQL and removed from the cluster, by kind.",
+	}, []string{"kind"})
+	ArchiveFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_archive_failures_total",
+		Help: "Archive operations that failed, by kind and reason (unavailable: the archive did not answer; conflict: the archive holds other content under the record's name or key — alert on it).",
+	}, []string{"kind", "reason"})
+	ArchivedDuplicates = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_archived_duplicates_total",
+		Help: "Records not dispatched or sent because the archive already held them (a redelivered event, a settlement created again for an archived key), by kind.",
+	}, []string{"kind"})
+	archiveEnabled = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "settlement_archive_enabled",
+		Help: "1 when finished records are archived to PostgreSQL; 0 when every record stays in the cluster (see docs/capacity.md).",
+	})
+	archiveUp = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "settlement_archive_up",
+		Help: "1 when the archive answered its last operation, 0 when it did not.",
+	})
+)
+
+// SetArchiveEnabled records whether the manager runs with an archive.
+func SetArchiveEnabled(on bool) {
+	if on {
+		archiveEnabled.Set(1)
+	} else {
+		archiveEnabled.Set(0)
+	}
+}
+
+// NoteArchive records whether the archive answered.
+func NoteArchive(kind string, err error) {
+	switch {
+	case err == nil:
+		archiveUp.Set(1)
+	case archive.IsConflict(err):
+		archiveUp.Set(1)
+		ArchiveFailures.WithLabelValues(kind, "conflict").Inc()
+	default:
+		archiveUp.Set(0)
+		ArchiveFailures.WithLabelValues(kind, "unavailable").Inc()
+	}
+}
+
+var (
+	DiscrepanciesFound = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_reconciliation_discrepancies_total",
+		Help: "New discrepancies found by reconciliation passes, by namespace, BillingProvider and type: a finding (type and object) the previous pass of the same BillingProvider also reported is not counted again.",
+	}, []string{"namespace", "billing_provider", "type"})
+	RepairsCarriedOut = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_reconciliation_repairs_total",
+		Help: "Repairs named by reconciliation passes, by action and whether they were carried out.",
+	}, []string{"action", "carried_out"})
+)
+
+func classLabel(err error) string {
+	if e, ok := billing.AsError(err); ok {
+		return strings.ToLower(e.Class.String())
+	}
+	return "ambiguous"
 }
