@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/settlement-operator/settlement-operator/internal/sharding"
+
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
 
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
@@ -162,7 +164,7 @@ func main() {
 		os.Exit(2)
 	}
 	cacheOpts := cache.Options{DefaultTransform: cache.TransformStripManagedFields(),
-		DefaultNamespaces: controllers.WatchedNamespaces(watchNamespaces)}
+		DefaultNamespaces: sharding.WatchedNamespaces(watchNamespaces)}
 
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                 scheme,
@@ -272,7 +274,7 @@ func main() {
 	if store != nil {
 		recvOpts.Archive = store
 	}
-	if served := controllers.WatchedNamespaces(watchNamespaces); served != nil {
+	if served := sharding.WatchedNamespaces(watchNamespaces); served != nil {
 		recvOpts.Namespaces = map[string]bool{}
 		for ns := range served {
 			recvOpts.Namespaces[ns] = true

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/settlement-operator/settlement-operator/internal/archive"
@@ -114,21 +112,4 @@ func (m *ArchiveMigrator) Start(ctx context.Context) error {
 	}
 	<-ctx.Done()
 	return nil
-}
-
-// WatchedNamespaces turns --watch-namespaces ("a,b") into the cache's namespaces: the
-// receiver, the controllers and the archiver of this deployment then see only those,
-// so several deployments can shard tenants and each one's memory follows its own.
-// Empty: all namespaces (nil).
-func WatchedNamespaces(list string) map[string]cache.Config {
-	var out map[string]cache.Config
-	for _, ns := range strings.Split(list, ",") {
-		if ns = strings.TrimSpace(ns); ns != "" {
-			if out == nil {
-				out = map[string]cache.Config{}
-			}
-			out[ns] = cache.Config{}
-		}
-	}
-	return out
 }

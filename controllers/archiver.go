@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
+
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
 
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
@@ -38,9 +40,6 @@ const ArchiverControllerName = "archiver"
 // DefaultArchiveAfter is how long a finished record stays in the cluster before it is
 // archived, when the manager's flag does not say.
 const DefaultArchiveAfter = time.Hour
-
-// archiveRetry is how soon archival is tried again after the archive failed to answer.
-const archiveRetry = 10 * time.Second
 
 // Archiver moves finished records from the cluster into the archive (docs/design.md
 // §12): after After has passed since a record finished, it is inserted (idempotently),
@@ -262,7 +261,7 @@ func (a *Archiver) archiveOne(kind string, newObj func() client.Object, insert f
 		if hold != nil {
 			why, err := hold(ctx, obj)
 			if err != nil {
-				return ctrl.Result{RequeueAfter: archiveRetry}, nil
+				return ctrl.Result{RequeueAfter: archivelookup.RetryInterval}, nil
 			}
 			if why != "" {
 				log.FromContext(ctx).V(1).Info("finished, kept in the cluster", "kind", kind, "why", why)
@@ -279,7 +278,7 @@ func (a *Archiver) archiveOne(kind string, newObj func() client.Object, insert f
 		}
 		if err != nil {
 			log.FromContext(ctx).Info("archive unavailable; the record stays in the cluster", "kind", kind, "error", err.Error())
-			return ctrl.Result{RequeueAfter: archiveRetry}, nil
+			return ctrl.Result{RequeueAfter: archivelookup.RetryInterval}, nil
 		}
 		uid, rv := obj.GetUID(), obj.GetResourceVersion()
 		err = a.Delete(ctx, obj, client.Preconditions{UID: &uid, ResourceVersion: &rv})

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/index"
+
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 
 	"github.com/settlement-operator/settlement-operator/internal/credentials"
@@ -161,7 +163,7 @@ func (r *BillingProviderReconciler) reconcileNormal(ctx context.Context, bp *hoo
 	// would send the token to the endpoint.
 	c, err := r.clientFor(ctx, bp)
 	if err != nil {
-		reason := ReasonBillingProviderNotFound
+		reason := hooksv1alpha1.ReasonBillingProviderNotReady
 		if credentials.IsRefused(err) {
 			reason = hooksv1alpha1.ReasonCredentialsNotAllowed
 			if prev := apimeta.FindStatusCondition(before.Status.Conditions, hooksv1alpha1.ConditionReady); prev == nil || prev.Reason != reason {
@@ -285,11 +287,6 @@ func (r *BillingProviderReconciler) prune(ctx context.Context, bp *hooksv1alpha1
 	return nil
 }
 
-// IndexSettlementBillingProvider indexes BillingSettlements by
-// spec.billingProviderRef: a deleting BillingProvider looks up the settlements that
-// reference it without walking every settlement of the namespace.
-const IndexSettlementBillingProvider = "spec.billingProviderRef"
-
 // deletionNamesShown is how many holding settlements the Deleting condition names.
 const deletionNamesShown = 2
 
@@ -352,7 +349,7 @@ func (r *BillingProviderReconciler) settlementsHolding(ctx context.Context, bp *
 	var l hooksv1alpha1.BillingSettlementList
 	// Read-only use of the cache's objects: no deep copy of every referencing settlement.
 	if err := r.List(ctx, &l, client.InNamespace(bp.Namespace),
-		client.MatchingFields{IndexSettlementBillingProvider: bp.Name}, client.UnsafeDisableDeepCopy); err != nil {
+		client.MatchingFields{index.SettlementBillingProvider: bp.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list settlements of billingprovider %s/%s: %w", bp.Namespace, bp.Name, err)
 	}
 	var names []string
@@ -402,7 +399,7 @@ func deletionWaitMessage(namespace string, holders []string) string {
 // reconciled again whenever a settlement referencing it starts or stops holding it.
 func (r *BillingProviderReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &hooksv1alpha1.BillingSettlement{},
-		IndexSettlementBillingProvider, func(obj client.Object) []string {
+		index.SettlementBillingProvider, func(obj client.Object) []string {
 			return []string{obj.(*hooksv1alpha1.BillingSettlement).Spec.BillingProviderRef}
 		}); err != nil {
 		return fmt.Errorf("index billingsettlements by billingProviderRef: %w", err)

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/index"
+
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
@@ -30,9 +32,6 @@ import (
 
 // BillingSettlementControllerName names the controller in logs and metrics.
 const BillingSettlementControllerName = "billingsettlement"
-
-// IndexSettlementReverses indexes settlements by the settlement they compensate.
-const IndexSettlementReverses = "spec.reverses"
 
 // BillingSettlementReconciler drives one financial operation to the provider's final
 // answer with one idempotency key, set at creation and reused on every attempt and
@@ -178,7 +177,7 @@ func (r *BillingSettlementReconciler) random() float64 {
 // a compensation naming it appears.
 func (r *BillingSettlementReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &hooksv1alpha1.BillingSettlement{},
-		IndexSettlementReverses, func(obj client.Object) []string {
+		index.SettlementReverses, func(obj client.Object) []string {
 			if rev := obj.(*hooksv1alpha1.BillingSettlement).Spec.Reverses; rev != "" {
 				return []string{rev}
 			}

@@ -1,6 +1,10 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/index"
+
+	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
+
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
 
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
@@ -110,11 +114,11 @@ func (r *BillingSettlementReconciler) checkArchive(ctx context.Context, s *settl
 		(st.State != hooksv1alpha1.SettlementPending && st.State != "") {
 		return ctrl.Result{}, nil
 	}
-	prior, err := archivedOperation(ctx, r.Archive, bs)
+	prior, err := archivelookup.Operation(ctx, r.Archive, bs)
 	if err != nil {
 		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonArchiveUnavailable,
 			"waiting for the archive: it must say whether this key was charged before anything is sent")
-		return ctrl.Result{RequeueAfter: archiveRetry}, nil
+		return ctrl.Result{RequeueAfter: archivelookup.RetryInterval}, nil
 	}
 	if prior == nil || prior.UID == bs.UID {
 		return ctrl.Result{}, nil
@@ -244,7 +248,7 @@ func (r *BillingSettlementReconciler) handleReconcileRequest(_ context.Context, 
 // updateReversedBy lists the compensations that reverse this settlement.
 func (r *BillingSettlementReconciler) updateReversedBy(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
 	var l hooksv1alpha1.BillingSettlementList
-	if err := r.List(ctx, &l, client.InNamespace(s.bs.Namespace), client.MatchingFields{IndexSettlementReverses: s.bs.Name}); err != nil {
+	if err := r.List(ctx, &l, client.InNamespace(s.bs.Namespace), client.MatchingFields{index.SettlementReverses: s.bs.Name}); err != nil {
 		return ctrl.Result{}, fmt.Errorf("list compensations of %s: %w", s.bs.Name, err)
 	}
 	var names []string
@@ -257,10 +261,6 @@ func (r *BillingSettlementReconciler) updateReversedBy(ctx context.Context, s *s
 	return ctrl.Result{}, nil
 }
 
-// ReasonBillingProviderNotFound: the settlement waits for its BillingProvider or its
-// credentials.
-const ReasonBillingProviderNotFound = hooksv1alpha1.ReasonBillingProviderNotReady
-
 // resolveProvider loads the BillingProvider, a client for it, its retry policy and
 // where it points now.
 func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
@@ -268,7 +268,7 @@ func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *se
 	var bp hooksv1alpha1.BillingProvider
 	err := r.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: bs.Spec.BillingProviderRef}, &bp)
 	if apierrors.IsNotFound(err) {
-		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, ReasonBillingProviderNotFound,
+		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonBillingProviderNotReady,
 			fmt.Sprintf("BillingProvider %q not found; waiting for it", bs.Spec.BillingProviderRef))
 		return ctrl.Result{RequeueAfter: waitForReference}, nil
 	}
@@ -280,7 +280,7 @@ func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *se
 	if err != nil {
 		// A wait, never a failure: nothing was sent, and a settlement that may already
 		// hold money keeps its exposure until the credentials are usable again.
-		reason, wait := ReasonBillingProviderNotFound, waitForReference
+		reason, wait := hooksv1alpha1.ReasonBillingProviderNotReady, waitForReference
 		if credentials.IsRefused(err) {
 			reason, wait = hooksv1alpha1.ReasonCredentialsNotAllowed, r.credentialRecheck()
 		}
@@ -290,28 +290,10 @@ func (r *BillingSettlementReconciler) resolveProvider(ctx context.Context, s *se
 	s.client = c
 	s.target = providerclient.TargetFor(&bp, c)
 	// The original's key travels in every request and every comparison.
-	if s.reverses, s.reversesRef, err = reversedKey(ctx, r.Client, r.Archive, bs); err != nil {
+	if s.reverses, s.reversesRef, err = archivelookup.ReversedKey(ctx, r.Client, r.Archive, bs); err != nil {
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{}, nil
-}
-
-// reversedKey is the settlement key of the settlement a Refund or Void reverses, and
-// the provider's reference of it: the one pinned when the compensation was first sent
-// (status.reversesRef), else the original's ("" for a charge, or when the original is
-// gone).
-func reversedKey(ctx context.Context, reader client.Reader, store *archive.Store, bs *hooksv1alpha1.BillingSettlement) (key, ref string, _ error) {
-	if bs.Spec.Reverses == "" {
-		return "", "", nil
-	}
-	orig, _, err := settlementInClusterOrArchive(ctx, reader, store, bs.Namespace, bs.Spec.Reverses)
-	if apierrors.IsNotFound(err) {
-		return "", bs.Status.ReversesRef, nil
-	}
-	if err != nil {
-		return "", "", fmt.Errorf("get reversed settlement %s: %w", bs.Spec.Reverses, err)
-	}
-	return orig.Spec.SettlementKey, settlement.ReversesRefOf(bs, orig), nil
 }
 
 // resolveProviderIfHeld resolves the provider for a settlement being deleted only if
@@ -324,7 +306,7 @@ func (r *BillingSettlementReconciler) resolveProviderIfHeld(ctx context.Context,
 	if !res.IsZero() {
 		why := "the BillingProvider or its credentials are missing"
 		if c := findCondition(s.bs, hooksv1alpha1.ConditionReady); c != nil &&
-			(c.Reason == ReasonBillingProviderNotFound || c.Reason == hooksv1alpha1.ReasonCredentialsNotAllowed) {
+			(c.Reason == hooksv1alpha1.ReasonBillingProviderNotReady || c.Reason == hooksv1alpha1.ReasonCredentialsNotAllowed) {
 			why = c.Message // names the missing provider or Secret
 		}
 		r.holdDeletion(s, why)
@@ -347,11 +329,11 @@ func (r *BillingSettlementReconciler) guardCompensation(ctx context.Context, s *
 		return ctrl.Result{}, nil
 	}
 	// The original may have been archived: it is read from the archive then.
-	origp, _, err := settlementInClusterOrArchive(ctx, r.APIReader, r.Archive, bs.Namespace, bs.Spec.Reverses)
+	origp, _, err := archivelookup.Settlement(ctx, r.APIReader, r.Archive, bs.Namespace, bs.Spec.Reverses)
 	if apierrors.IsNotFound(err) {
 		return r.holdCompensation(s, fmt.Sprintf("waiting for the settlement it reverses, %q, to exist", bs.Spec.Reverses))
 	}
-	if errors.Is(err, errArchiveUnavailable) {
+	if errors.Is(err, archivelookup.ErrUnavailable) {
 		return r.holdCompensation(s, "waiting for the archive: the settlement it reverses may be there")
 	}
 	if err != nil {
@@ -476,7 +458,7 @@ func (r *BillingSettlementReconciler) drive(ctx context.Context, s *settlementSc
 			if held.why != "" {
 				reason := held.reason
 				if reason == "" {
-					reason = ReasonBillingProviderNotFound
+					reason = hooksv1alpha1.ReasonBillingProviderNotReady
 				}
 				r.cond(s.bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, reason, held.why)
 				return ctrl.Result{RequeueAfter: held.recheck}, nil
@@ -747,7 +729,7 @@ func (r *BillingSettlementReconciler) release(ctx context.Context, s *settlement
 		default:
 			r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonArchiveUnavailable,
 				"deletion waits for the archive: a settlement leaves the cluster only once it is archived and read back")
-			return ctrl.Result{RequeueAfter: archiveRetry}, nil
+			return ctrl.Result{RequeueAfter: archivelookup.RetryInterval}, nil
 		}
 	}
 	if _, err := statuspatch.Patch(ctx, r.Client, bs, s.before, false); err != nil && !apierrors.IsNotFound(err) {

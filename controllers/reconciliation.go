@@ -1,7 +1,12 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/index"
+
+	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
+
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 
@@ -475,7 +480,7 @@ func (r *BillingProviderReconciler) addUnlessArchived(ctx context.Context, ns st
 		archived, err = known(ctx, ns, keys)
 		metrics.NoteArchive("BillingSettlement", err)
 		if err != nil {
-			return fmt.Errorf("%w: compare with the archive: %v", errArchiveUnavailable, err)
+			return fmt.Errorf("%w: compare with the archive: %v", archivelookup.ErrUnavailable, err)
 		}
 		p.examined["Archived"] += int32(len(archived))
 	}
@@ -577,7 +582,7 @@ func (r *BillingProviderReconciler) compareUnknown(ctx context.Context, ns strin
 		archived, err = r.Archive.SettlementsByIdempotencyKey(ctx, ns, keys)
 		metrics.NoteArchive("BillingSettlement", err)
 		if err != nil {
-			return fmt.Errorf("%w: compare with the archive: %v", errArchiveUnavailable, err)
+			return fmt.Errorf("%w: compare with the archive: %v", archivelookup.ErrUnavailable, err)
 		}
 		p.examined["Archived"] += int32(len(archived))
 	}
@@ -806,7 +811,7 @@ func (r *BillingProviderReconciler) compareProvider(ctx context.Context, bp *hoo
 			bs.Status.SettledAt == nil || bs.Status.SettledAt.Time.Before(since) {
 			continue
 		}
-		reverses, reversesRef, err := reversedKey(ctx, r.Client, r.Archive, bs)
+		reverses, reversesRef, err := archivelookup.ReversedKey(ctx, r.Client, r.Archive, bs)
 		if err != nil {
 			// Without the original's reference the lookup could ask about the wrong thing;
 			// the pass fails and its mark stays, so the next pass asks again.
@@ -875,7 +880,7 @@ func (r *BillingProviderReconciler) settledVoidOf(ctx context.Context, bs *hooks
 		return "", nil
 	}
 	var l hooksv1alpha1.BillingSettlementList
-	if err := r.List(ctx, &l, client.InNamespace(bs.Namespace), client.MatchingFields{IndexSettlementReverses: bs.Name}); err != nil {
+	if err := r.List(ctx, &l, client.InNamespace(bs.Namespace), client.MatchingFields{index.SettlementReverses: bs.Name}); err != nil {
 		return "", fmt.Errorf("list compensations of %s: %w", bs.Name, err)
 	}
 	comps := l.Items
@@ -900,7 +905,7 @@ func (r *BillingProviderReconciler) settledVoidOf(ctx context.Context, bs *hooks
 // it ("" when it can): a field that differs or is missing (fail closed), or an earlier
 // Disagreement the settlement recorded. It names fields, never another record's values.
 func (r *BillingProviderReconciler) notProvablyOurs(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, rec billing.Record) string {
-	reverses, _, _ := reversedKey(ctx, r.Client, r.Archive, bs) // unreadable: "" fails the comparison, closed
+	reverses, _, _ := archivelookup.ReversedKey(ctx, r.Client, r.Archive, bs) // unreadable: "" fails the comparison, closed
 	if m, ok := settlement.RecordMatches(bs, reverses, rec); !ok {
 		return fmt.Sprintf("the provider's record %s under key %s is not provably this settlement: %s", rec.ID, bs.Spec.IdempotencyKey, m)
 	}
@@ -955,7 +960,7 @@ func (r *BillingProviderReconciler) markReconciled(ctx context.Context, bs *hook
 
 // markCompared sets Reconciled=True: the pass has done what it can for this settlement.
 func (r *BillingProviderReconciler) markCompared(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, reason, message string, now time.Time) {
-	if c := findCondition(bs, hooksv1alpha1.ConditionReconciled); c != nil && c.Status == metav1.ConditionTrue {
+	if c := apimeta.FindStatusCondition(bs.Status.Conditions, hooksv1alpha1.ConditionReconciled); c != nil && c.Status == metav1.ConditionTrue {
 		return
 	}
 	base := bs.DeepCopy()

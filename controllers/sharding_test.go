@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/settlement-operator/settlement-operator/internal/sharding"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/utils/ptr"
@@ -14,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/settlement-operator/settlement-operator/controllers"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/receiver"
 	"github.com/settlement-operator/settlement-operator/internal/signature"
@@ -23,9 +24,9 @@ import (
 
 var _ = Describe("--watch-namespaces", func() {
 	It("parses a list into the cache's namespaces, empty meaning all", func() {
-		Expect(controllers.WatchedNamespaces("")).To(BeNil())
-		Expect(controllers.WatchedNamespaces(" a, b ,,")).To(HaveLen(2))
-		Expect(controllers.WatchedNamespaces("a,b")).To(HaveKey("b"))
+		Expect(sharding.WatchedNamespaces("")).To(BeNil())
+		Expect(sharding.WatchedNamespaces(" a, b ,,")).To(HaveLen(2))
+		Expect(sharding.WatchedNamespaces("a,b")).To(HaveKey("b"))
 	})
 
 	It("serves only its own namespaces: another tenant's webhooks are refused as misrouted, never acknowledged", func() {
@@ -33,7 +34,7 @@ var _ = Describe("--watch-namespaces", func() {
 		m, err := ctrl.NewManager(cfg, ctrl.Options{
 			Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 			Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-			Cache:      cache.Options{DefaultNamespaces: controllers.WatchedNamespaces(mine)},
+			Cache:      cache.Options{DefaultNamespaces: sharding.WatchedNamespaces(mine)},
 		})
 		Expect(err).NotTo(HaveOccurred())
 		recv := receiver.New(receiver.Options{BindAddress: "127.0.0.1:0", SecretTTL: time.Second,

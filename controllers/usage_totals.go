@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
+
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
 
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
@@ -172,7 +174,7 @@ func (r *BillingProviderReconciler) compareUsageTotals(ctx context.Context, bp *
 		cancelled, err := r.Archive.CancelledAmong(ctx, bp.Namespace, names)
 		metrics.NoteArchive("BillingSettlement", err)
 		if err != nil {
-			return fmt.Errorf("%w: usage totals: %v", errArchiveUnavailable, err)
+			return fmt.Errorf("%w: usage totals: %v", archivelookup.ErrUnavailable, err)
 		}
 		for n := range cancelled {
 			reversed[n] = true
@@ -201,7 +203,7 @@ func (r *BillingProviderReconciler) compareUsageTotals(ctx context.Context, bp *
 		})
 		metrics.NoteArchive("BillingSettlement", err)
 		if err != nil {
-			return fmt.Errorf("%w: usage totals: %v", errArchiveUnavailable, err)
+			return fmt.Errorf("%w: usage totals: %v", archivelookup.ErrUnavailable, err)
 		}
 	}
 

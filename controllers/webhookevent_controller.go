@@ -1,6 +1,10 @@
 package controllers
 
 import (
+	"github.com/settlement-operator/settlement-operator/internal/index"
+
+	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
+
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
 
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
@@ -41,10 +45,6 @@ import (
 
 // WebhookEventControllerName names the controller in logs and metrics.
 const WebhookEventControllerName = "webhookevent"
-
-// IndexEventChildren indexes WebhookEvents by the names of the children their facts
-// derive, so a child's change is mapped to its events without listing them all.
-const IndexEventChildren = "spec.children"
 
 // WebhookEventReconciler dispatches an event's facts to their records — one
 // JobCompletion per job, one BillingSettlement per settlement key — creating or
@@ -295,7 +295,7 @@ func (r *WebhookEventReconciler) checkArchivedReceipt(ctx context.Context, ev *h
 			hooksv1alpha1.ReasonArchiveUnavailable, "waiting for the archive: it must say whether this event ID was received before anything is dispatched")
 		conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 			hooksv1alpha1.ReasonArchiveUnavailable, "waiting for the archive before dispatch")
-		return ctrl.Result{RequeueAfter: archiveRetry}, false, nil
+		return ctrl.Result{RequeueAfter: archivelookup.RetryInterval}, false, nil
 	}
 	if prior == nil || prior.UID == string(ev.UID) {
 		return ctrl.Result{}, false, nil
@@ -578,7 +578,7 @@ func (r *WebhookEventReconciler) archivedJob(ctx context.Context, ev *hooksv1alp
 	got, err := r.Archive.LatestJob(ctx, ev.Namespace, ev.Spec.Provider, jobID)
 	metrics.NoteArchive("JobCompletion", err)
 	if err != nil {
-		return nil, fmt.Errorf("%w: look up job %q: %v", errArchiveUnavailable, jobID, err)
+		return nil, fmt.Errorf("%w: look up job %q: %v", archivelookup.ErrUnavailable, jobID, err)
 	}
 	return got, nil
 }
@@ -681,7 +681,7 @@ func (r *WebhookEventReconciler) newerReceived(ctx context.Context, ev *hooksv1a
 	}
 	var l hooksv1alpha1.WebhookEventList
 	if err := r.List(ctx, &l, client.InNamespace(ev.Namespace),
-		client.MatchingFields{IndexEventChildren: identity.JobCompletionName(ev.Spec.Provider, job.id)}); err != nil {
+		client.MatchingFields{index.EventChildren: identity.JobCompletionName(ev.Spec.Provider, job.id)}); err != nil {
 		return 0, "", fmt.Errorf("list events of job %q: %w", job.id, err)
 	}
 	var newest int64
@@ -759,9 +759,9 @@ func (r *WebhookEventReconciler) settlement(ctx context.Context, ev *hooksv1alph
 	if apierrors.IsNotFound(err) && r.Archive != nil {
 		// Archived is not missing: the archived settlement is this key's record, so
 		// the event links to it (or conflicts with it) and nothing is created again.
-		got, aerr := archivedOperation(ctx, r.Archive, want)
+		got, aerr := archivelookup.Operation(ctx, r.Archive, want)
 		if aerr != nil {
-			return op, fmt.Errorf("%w: look up settlement %s: %v", errArchiveUnavailable, name, aerr)
+			return op, fmt.Errorf("%w: look up settlement %s: %v", archivelookup.ErrUnavailable, name, aerr)
 		}
 		if got != nil {
 			bs, err = *got, nil
@@ -1042,7 +1042,7 @@ func eventChildren(obj client.Object) []string {
 // SetupWithManager calls it.
 func IndexEvents(mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &hooksv1alpha1.WebhookEvent{},
-		IndexEventChildren, eventChildren); err != nil {
+		index.EventChildren, eventChildren); err != nil {
 		return fmt.Errorf("index webhookevents by child: %w", err)
 	}
 	return nil
@@ -1051,7 +1051,7 @@ func IndexEvents(mgr ctrl.Manager) error {
 // eventsOfChild maps a changed child to the events that dispatched it.
 func (r *WebhookEventReconciler) eventsOfChild(ctx context.Context, obj client.Object) []reconcile.Request {
 	var l hooksv1alpha1.WebhookEventList
-	if err := r.List(ctx, &l, client.InNamespace(obj.GetNamespace()), client.MatchingFields{IndexEventChildren: obj.GetName()}); err != nil {
+	if err := r.List(ctx, &l, client.InNamespace(obj.GetNamespace()), client.MatchingFields{index.EventChildren: obj.GetName()}); err != nil {
 		log.FromContext(ctx).Error(err, "list events of child", "child", obj.GetName())
 		return nil
 	}
