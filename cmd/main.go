@@ -14,6 +14,13 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/settlement-operator/settlement-operator/controllers/archiver"
+	"github.com/settlement-operator/settlement-operator/controllers/billingprovider"
+	"github.com/settlement-operator/settlement-operator/controllers/billingsettlement"
+	"github.com/settlement-operator/settlement-operator/controllers/jobcompletion"
+	"github.com/settlement-operator/settlement-operator/controllers/webhookevent"
+	"github.com/settlement-operator/settlement-operator/controllers/webhookprovider"
+
 	"github.com/settlement-operator/settlement-operator/internal/sharding"
 
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
@@ -36,7 +43,6 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
-	"github.com/settlement-operator/settlement-operator/controllers"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/receiver"
 )
@@ -89,7 +95,7 @@ func main() {
 		"Namespace of the leader-election Lease; required with --leader-elect outside a cluster.")
 	flag.BoolVar(&transitionEvents, "transition-events", false,
 		"Record a Normal Kubernetes Event for every routine step of a charge (submitted, settled); warnings, dead letters, replays and supersedes are always recorded.")
-	flag.DurationVar(&eventStatusDelay, "event-status-delay", controllers.DefaultEventStatusDelay,
+	flag.DurationVar(&eventStatusDelay, "event-status-delay", webhookevent.DefaultEventStatusDelay,
 		"How long after receipt an event whose operations are all under way waits before its status is first written: one that finishes within it is written once (0: at once).")
 	flag.IntVar(&workers, "max-concurrent-reconciles", 4,
 		"Records each controller works on at once, settlements excepted (--settlement-workers).")
@@ -123,7 +129,7 @@ func main() {
 	})
 	flag.DurationVar(&archiveCfg.StatementTimeout, "archive-statement-timeout", 5*time.Second,
 		"Bound on every statement on the archive's server.")
-	flag.DurationVar(&archiveAfter, "archive-after", controllers.DefaultArchiveAfter,
+	flag.DurationVar(&archiveAfter, "archive-after", archiver.DefaultAfter,
 		"How long a finished record stays in the cluster (for kubectl) before it is archived and removed.")
 	flag.StringVar(&leaderElectionID, "leader-election-id", "settlement-operator.hooks.settlement.dev",
 		"Name of the leader-election Lease; deployments sharding tenants with --watch-namespaces in one namespace need one each.")
@@ -197,15 +203,15 @@ func main() {
 			log.Error(err, "unable to create a client")
 			os.Exit(1)
 		}
-		if err := mgr.Add(&controllers.ArchiveMigrator{Archive: store, Client: direct,
+		if err := mgr.Add(&archiver.Migrator{Archive: store, Client: direct,
 			Namespace: operatorNamespace, ConfigMap: leaderElectionID + "-archive"}); err != nil {
 			log.Error(err, "unable to add the archive migrator")
 			os.Exit(1)
 		}
-		if err := (&controllers.Archiver{Client: mgr.GetClient(), Archive: store, After: archiveAfter,
-			Recorder: mgr.GetEventRecorder(controllers.ArchiverControllerName), MaxConcurrentReconciles: workers,
+		if err := (&archiver.Reconciler{Client: mgr.GetClient(), Archive: store, After: archiveAfter,
+			Recorder: mgr.GetEventRecorder(archiver.ControllerName), MaxConcurrentReconciles: workers,
 		}).SetupWithManager(mgr); err != nil {
-			log.Error(err, "unable to set up controller", "controller", controllers.ArchiverControllerName)
+			log.Error(err, "unable to set up controller", "controller", archiver.ControllerName)
 			os.Exit(1)
 		}
 		log.Info("archive on: finished records leave the cluster for PostgreSQL", "archiveAfter", archiveAfter.String(),
@@ -231,42 +237,42 @@ func main() {
 	}
 	metrics.SetArchiveEnabled(store != nil)
 
-	if err := (&controllers.WebhookProviderReconciler{
+	if err := (&webhookprovider.Reconciler{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
 	}).SetupWithManager(mgr); err != nil {
-		log.Error(err, "unable to set up controller", "controller", controllers.WebhookProviderControllerName)
+		log.Error(err, "unable to set up controller", "controller", webhookprovider.ControllerName)
 		os.Exit(1)
 	}
-	if err := (&controllers.WebhookEventReconciler{
+	if err := (&webhookevent.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: workers, Archive: store,
-		Recorder: mgr.GetEventRecorder(controllers.WebhookEventControllerName), StatusDelay: eventStatusDelay,
+		Recorder: mgr.GetEventRecorder(webhookevent.ControllerName), StatusDelay: eventStatusDelay,
 	}).SetupWithManager(mgr); err != nil {
-		log.Error(err, "unable to set up controller", "controller", controllers.WebhookEventControllerName)
+		log.Error(err, "unable to set up controller", "controller", webhookevent.ControllerName)
 		os.Exit(1)
 	}
-	if err := (&controllers.JobCompletionReconciler{
+	if err := (&jobcompletion.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: workers,
-		Recorder: mgr.GetEventRecorder(controllers.JobCompletionControllerName),
+		Recorder: mgr.GetEventRecorder(jobcompletion.ControllerName),
 	}).SetupWithManager(mgr); err != nil {
-		log.Error(err, "unable to set up controller", "controller", controllers.JobCompletionControllerName)
+		log.Error(err, "unable to set up controller", "controller", jobcompletion.ControllerName)
 		os.Exit(1)
 	}
 	// What the settlements' calls learn about each billing provider, shown on it.
 	health := providerclient.NewHealth()
-	if err := (&controllers.BillingSettlementReconciler{
+	if err := (&billingsettlement.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: settlementWorkers, Archive: store,
-		Recorder: mgr.GetEventRecorder(controllers.BillingSettlementControllerName), TransitionEvents: transitionEvents,
+		Recorder: mgr.GetEventRecorder(billingsettlement.ControllerName), TransitionEvents: transitionEvents,
 		Health: health,
 	}).SetupWithManager(mgr); err != nil {
-		log.Error(err, "unable to set up controller", "controller", controllers.BillingSettlementControllerName)
+		log.Error(err, "unable to set up controller", "controller", billingsettlement.ControllerName)
 		os.Exit(1)
 	}
-	if err := (&controllers.BillingProviderReconciler{
+	if err := (&billingprovider.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Archive: store, Health: health,
-		Recorder: mgr.GetEventRecorder(controllers.BillingProviderControllerName),
+		Recorder: mgr.GetEventRecorder(billingprovider.ControllerName),
 	}).SetupWithManager(mgr); err != nil {
-		log.Error(err, "unable to set up controller", "controller", controllers.BillingProviderControllerName)
+		log.Error(err, "unable to set up controller", "controller", billingprovider.ControllerName)
 		os.Exit(1)
 	}
 	crmetrics.Registry.MustRegister(metrics.NewObjectsCollector(mgr.GetCache()))

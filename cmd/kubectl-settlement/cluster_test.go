@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/settlement-operator/settlement-operator/controllers/billingsettlement"
+
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
 
 	corev1 "k8s.io/api/core/v1"
@@ -29,7 +31,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
-	"github.com/settlement-operator/settlement-operator/controllers"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
@@ -425,7 +426,7 @@ func TestReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := (&controllers.BillingSettlementReconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
+	if err := (&billingsettlement.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("billingsettlement")}).SetupWithManager(m); err != nil {
 		t.Fatal(err)
 	}

@@ -114,7 +114,7 @@ func IsConflict(err error) bool {
 
 // Open creates the pool. It does not connect: the archive may be down when the
 // manager starts, and receipt never depends on it. Call Migrate (the manager runs
-// controllers.ArchiveMigrator) before anything else.
+// archiver.Migrator) before anything else.
 func Open(cfg Config) (*Store, error) {
 	pc, err := pgxpool.ParseConfig(cfg.URL)
 	if err != nil {

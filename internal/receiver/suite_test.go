@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/settlement-operator/settlement-operator/controllers/webhookprovider"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -27,7 +29,6 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
-	"github.com/settlement-operator/settlement-operator/controllers"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
 
@@ -75,7 +76,7 @@ var _ = BeforeSuite(func() {
 		HealthProbeBindAddress: "0",
 	})
 	Expect(err).NotTo(HaveOccurred())
-	Expect((&controllers.WebhookProviderReconciler{
+	Expect((&webhookprovider.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), SecretRecheckInterval: 2 * time.Second,
 	}).SetupWithManager(mgr)).To(Succeed())
 

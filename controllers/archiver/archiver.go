@@ -1,0 +1,363 @@
+package archiver
+
+import (
+	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
+
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
+)
+
+// ControllerName prefixes the archiver's controllers (one per kind).
+const ControllerName = "archiver"
+
+// DefaultAfter is how long a finished record stays in the cluster before it is
+// archived, when the manager's flag does not say.
+const DefaultAfter = time.Hour
+
+// Reconciler moves finished records from the cluster into the archive (docs/design.md
+// §12): after After has passed since a record finished, it is inserted (idempotently),
+// read back and compared, and only then deleted, with UID and resourceVersion
+// preconditions so that exactly the archived version goes. A crash between any two
+// steps loses nothing (the object is still there) and duplicates nothing (the insert
+// of the same content is a no-op). What is not finished — dead-lettered, in need of
+// reconciliation, quarantined, in flight — stays until a human or the operator
+// finishes it.
+type Reconciler struct {
+	client.Client
+	Archive  *archive.Store
+	Recorder recorder.EventRecorder
+	// After is how long a finished record stays (DefaultArchiveAfter when zero).
+	After time.Duration
+	// Now is the clock (time.Now).
+	Now func() time.Time
+	// MaxConcurrentReconciles per kind (1).
+	MaxConcurrentReconciles int
+}
+
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=jobcompletions,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingsettlements,verbs=get;list;watch;delete
+
+// finished says whether a record is done and since when ("" reason when it is).
+func finished(obj client.Object) (bool, time.Time) {
+	readySince := func(conds []metav1.Condition, t string) time.Time {
+		if c := meta.FindStatusCondition(conds, t); c != nil {
+			return c.LastTransitionTime.Time
+		}
+		return time.Time{}
+	}
+	switch o := obj.(type) {
+	case *hooksv1alpha1.WebhookEvent:
+		if o.Spec.Quarantine != nil || o.Status.ObservedGeneration != o.Generation {
+			return false, time.Time{}
+		}
+		if o.Status.Phase != hooksv1alpha1.EventComplete && o.Status.Phase != hooksv1alpha1.EventIgnored {
+			return false, time.Time{}
+		}
+		return true, laterOf(o.Spec.ReceivedAt.Time, readySince(o.Status.Conditions, hooksv1alpha1.ConditionReady))
+	case *hooksv1alpha1.JobCompletion:
+		if o.Status.ObservedGeneration != o.Generation {
+			return false, time.Time{}
+		}
+		switch o.Status.State {
+		case hooksv1alpha1.JobCompletionApplied:
+			// No newer version pending: the applied version is the one proposed.
+			if o.Status.AppliedVersion == nil || *o.Status.AppliedVersion != o.Spec.Completion.Version {
+				return false, time.Time{}
+			}
+		case hooksv1alpha1.JobCompletionFailed:
+		default:
+			return false, time.Time{}
+		}
+		return true, laterOf(o.CreationTimestamp.Time, readySince(o.Status.Conditions, hooksv1alpha1.ConditionReady))
+	case *hooksv1alpha1.BillingSettlement:
+		st := &o.Status
+		// Not while it holds money, not before its controller gave it an exposure (an
+		// older operator's record: the content archived must be what it will say on its
+		// way out), and not while a replay or a reconcile request waits to be acted on.
+		if st.ObservedGeneration != o.Generation || settlement.HoldsMoney(st) || st.Exposure == "" || requestPending(o) {
+			return false, time.Time{}
+		}
+		switch st.State {
+		case hooksv1alpha1.SettlementSettled:
+			// Settled and confirmed by a reconciliation pass.
+			if !meta.IsStatusConditionTrue(st.Conditions, hooksv1alpha1.ConditionReconciled) {
+				return false, time.Time{}
+			}
+			return true, laterOf(timeOf(st.SettledAt), readySince(st.Conditions, hooksv1alpha1.ConditionReconciled))
+		case hooksv1alpha1.SettlementFailed:
+			// Refused by the provider, nothing charged. A dead-lettered one waits for its
+			// replay; one that never presented its key anywhere (an invalid identity, a
+			// refused duplicate of an archived settlement) waits for review: archiving it
+			// would reserve keys it never used.
+			if meta.IsStatusConditionTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered) || settlement.NeverSent(o) {
+				return false, time.Time{}
+			}
+			return true, laterOf(o.CreationTimestamp.Time, readySince(st.Conditions, hooksv1alpha1.ConditionReady))
+		}
+	}
+	return false, time.Time{}
+}
+
+// requestPending reports a replay or reconcile request its controller has not acted on.
+func requestPending(bs *hooksv1alpha1.BillingSettlement) bool {
+	if t := bs.Annotations[hooksv1alpha1.AnnotationReplay]; t != "" && (bs.Status.Replay == nil || bs.Status.Replay.LastToken != settlement.TruncateToken(t)) {
+		return true
+	}
+	if t := bs.Annotations[hooksv1alpha1.AnnotationReconcileRequest]; t != "" && bs.Status.ReconcileRequest != settlement.TruncateToken(t) {
+		return true
+	}
+	return false
+}
+
+func timeOf(t *metav1.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.Time
+}
+
+func laterOf(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func (a *Reconciler) now() time.Time {
+	if a.Now != nil {
+		return a.Now()
+	}
+	return time.Now()
+}
+
+func (a *Reconciler) after() time.Duration {
+	if a.After > 0 {
+		return a.After
+	}
+	return DefaultAfter
+}
+
+// held says why a finished record must still stay in the cluster ("" when it may go):
+// the reconciliation pass reads the cluster, so a record whose counterpart it still
+// has to compare it with stays until that comparison is over.
+type held func(ctx context.Context, obj client.Object) (string, error)
+
+// jobHeld keeps a JobCompletion while its job's charge is still in the cluster (the
+// pass compares the two), and while a succeeded job of a billable provider has no
+// charge anywhere (the pass reports it as JobWithoutSettlement until someone acts).
+func (a *Reconciler) jobHeld(ctx context.Context, obj client.Object) (string, error) {
+	jc := obj.(*hooksv1alpha1.JobCompletion)
+	name := identity.SettlementName(jc.Spec.Provider, identity.DefaultSettlementKey(jc.Spec.Provider, jc.Spec.JobID))
+	err := a.Get(ctx, types.NamespacedName{Namespace: jc.Namespace, Name: name}, &hooksv1alpha1.BillingSettlement{})
+	if err == nil {
+		return "its charge is still in the cluster", nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return "", err
+	}
+	got, err := a.Archive.Settlement(ctx, jc.Namespace, name)
+	metrics.NoteArchive("BillingSettlement", err)
+	if err != nil || got != nil {
+		return "", err
+	}
+	if jc.Spec.Completion.State != hooksv1alpha1.JobSucceeded {
+		return "", nil
+	}
+	var wp hooksv1alpha1.WebhookProvider
+	if err := a.Get(ctx, types.NamespacedName{Namespace: jc.Namespace, Name: jc.Spec.Provider}, &wp); err != nil {
+		return "", client.IgnoreNotFound(err)
+	}
+	if chargesJobs(&wp) {
+		return "a billable job without a charge, reported by the reconciliation pass", nil
+	}
+	return "", nil
+}
+
+// chargesJobs reports whether a webhook provider charges one settlement per job.
+func chargesJobs(wp *hooksv1alpha1.WebhookProvider) bool {
+	for _, route := range wp.Spec.Routes {
+		for _, op := range route.Operations {
+			if s := op.Settlement; s != nil && len(s.KeyFrom) == 0 && s.JobID != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// settlementHeld keeps a settled charge for a job that did not succeed and that no
+// compensation reverses: the pass reports it for a refund until someone decides.
+func (a *Reconciler) settlementHeld(ctx context.Context, obj client.Object) (string, error) {
+	bs := obj.(*hooksv1alpha1.BillingSettlement)
+	if bs.Status.State != hooksv1alpha1.SettlementSettled || bs.Spec.JobID == "" || bs.Spec.WebhookProvider == "" ||
+		(bs.Spec.Type != "" && bs.Spec.Type != hooksv1alpha1.SettlementCharge) || len(bs.Status.ReversedBy) > 0 {
+		return "", nil
+	}
+	var jc hooksv1alpha1.JobCompletion
+	err := a.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: identity.JobCompletionName(bs.Spec.WebhookProvider, bs.Spec.JobID)}, &jc)
+	if apierrors.IsNotFound(err) {
+		got, aerr := a.Archive.LatestJob(ctx, bs.Namespace, bs.Spec.WebhookProvider, bs.Spec.JobID)
+		metrics.NoteArchive("JobCompletion", aerr)
+		if aerr != nil || got == nil {
+			return "", aerr
+		}
+		jc, err = *got, nil
+	}
+	if err != nil {
+		return "", err
+	}
+	if jc.Spec.Completion.State != hooksv1alpha1.JobSucceeded {
+		return "charged for a job that ended " + string(jc.Spec.Completion.State) + " and no compensation reverses it", nil
+	}
+	return "", nil
+}
+
+// archiveOne is one kind's reconcile.
+func (a *Reconciler) archiveOne(kind string, newObj func() client.Object, insert func(context.Context, client.Object) error,
+	hold held) reconcile.Func {
+	return func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+		obj := newObj()
+		if err := a.Get(ctx, req.NamespacedName, obj); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
+		if !obj.GetDeletionTimestamp().IsZero() {
+			return ctrl.Result{}, nil // on its way out: the finalizer path archives it
+		}
+		done, since := finished(obj)
+		if !done {
+			return ctrl.Result{}, nil // its next change brings it back
+		}
+		if wait := since.Add(a.after()).Sub(a.now()); wait > 0 {
+			return ctrl.Result{RequeueAfter: wait}, nil
+		}
+		if hold != nil {
+			why, err := hold(ctx, obj)
+			if err != nil {
+				return ctrl.Result{RequeueAfter: archivelookup.RetryInterval}, nil
+			}
+			if why != "" {
+				log.FromContext(ctx).V(1).Info("finished, kept in the cluster", "kind", kind, "why", why)
+				return ctrl.Result{RequeueAfter: a.after()}, nil
+			}
+		}
+		err := insert(ctx, obj)
+		metrics.NoteArchive(kind, err)
+		if archive.IsConflict(err) {
+			a.Recorder.Eventf(obj, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonArchiveConflict, "Archive",
+				"not archived, kept in the cluster: %s", conditions.TruncateMessage(err.Error()))
+			log.FromContext(ctx).Error(err, "archive conflict: the record stays in the cluster", "kind", kind)
+			return ctrl.Result{RequeueAfter: 10 * time.Minute}, nil
+		}
+		if err != nil {
+			log.FromContext(ctx).Info("archive unavailable; the record stays in the cluster", "kind", kind, "error", err.Error())
+			return ctrl.Result{RequeueAfter: archivelookup.RetryInterval}, nil
+		}
+		uid, rv := obj.GetUID(), obj.GetResourceVersion()
+		err = a.Delete(ctx, obj, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+		switch {
+		case apierrors.IsNotFound(err):
+			return ctrl.Result{}, nil
+		case apierrors.IsConflict(err):
+			// Changed since it was archived: look at the new version (archiving it
+			// again is a no-op if it says the same, a conflict if it does not).
+			return ctrl.Result{Requeue: true}, nil
+		case err != nil:
+			return ctrl.Result{}, fmt.Errorf("delete archived %s %s: %w", kind, req.NamespacedName, err)
+		}
+		metrics.ArchivedRecords.WithLabelValues(kind).Inc()
+		return ctrl.Result{}, nil
+	}
+}
+
+// finishedPredicate passes only records that are finished (and not on their way out).
+var finishedPredicate = predicate.NewPredicateFuncs(func(obj client.Object) bool {
+	done, _ := finished(obj)
+	return done && obj.GetDeletionTimestamp().IsZero()
+})
+
+// SetupWithManager registers one controller per archived kind.
+func (a *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	kinds := []struct {
+		name   string
+		obj    func() client.Object
+		insert func(context.Context, client.Object) error
+		hold   held
+	}{
+		{"WebhookEvent", func() client.Object { return &hooksv1alpha1.WebhookEvent{} },
+			func(ctx context.Context, o client.Object) error {
+				return a.Archive.ArchiveEvent(ctx, o.(*hooksv1alpha1.WebhookEvent))
+			}, nil},
+		{"JobCompletion", func() client.Object { return &hooksv1alpha1.JobCompletion{} },
+			func(ctx context.Context, o client.Object) error {
+				return a.Archive.ArchiveJobCompletion(ctx, o.(*hooksv1alpha1.JobCompletion))
+			}, a.jobHeld},
+		{"BillingSettlement", func() client.Object { return &hooksv1alpha1.BillingSettlement{} },
+			func(ctx context.Context, o client.Object) error {
+				return a.Archive.ArchiveSettlement(ctx, o.(*hooksv1alpha1.BillingSettlement))
+			}, a.settlementHeld},
+	}
+	for _, k := range kinds {
+		b := ctrl.NewControllerManagedBy(mgr).
+			Named(ControllerName+"-"+lower(k.name)).
+			For(k.obj(), builder.WithPredicates(finishedPredicate)).
+			WithOptions(controller.Options{MaxConcurrentReconciles: max(a.MaxConcurrentReconciles, 1)})
+		if k.name == "JobCompletion" {
+			// A job waits for its charge to leave: its leaving lets the job go.
+			b = b.Watches(&hooksv1alpha1.BillingSettlement{}, handler.EnqueueRequestsFromMapFunc(
+				func(_ context.Context, o client.Object) []reconcile.Request {
+					bs := o.(*hooksv1alpha1.BillingSettlement)
+					if bs.Spec.JobID == "" || bs.Spec.WebhookProvider == "" {
+						return nil
+					}
+					return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: bs.Namespace,
+						Name: identity.JobCompletionName(bs.Spec.WebhookProvider, bs.Spec.JobID)}}}
+				}), builder.WithPredicates(predicate.Funcs{
+				CreateFunc: func(event.CreateEvent) bool { return false },
+				UpdateFunc: func(event.UpdateEvent) bool { return false },
+				DeleteFunc: func(event.DeleteEvent) bool { return true },
+			}))
+		}
+		if err := b.Complete(a.archiveOne(k.name, k.obj, k.insert, k.hold)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func lower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
