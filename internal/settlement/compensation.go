@@ -156,3 +156,31 @@ func StateOrNew(s hooksv1alpha1.SettlementState) string {
 	}
 	return string(s)
 }
+
+// RefundOverCharge says why Refund bs may not be sent beside the settlements all (the
+// other compensations of orig, in the cluster and the archive) — "" when it may:
+// refunds of one charge never add up to more than it charged. bs counts as it is about
+// to be sent (a replay is not persisted yet); a refund that provably moved nothing
+// (MovedNothing: refused or failed at the provider) counts for nothing.
+// CompensationRefusal has already held a Refund whose original has no known amount.
+func RefundOverCharge(bs, orig *hooksv1alpha1.BillingSettlement, all []hooksv1alpha1.BillingSettlement) string {
+	if bs.Spec.Type != hooksv1alpha1.SettlementRefund {
+		return ""
+	}
+	total := bs.Spec.Amount.Minor
+	for i := range all {
+		o := &all[i]
+		if o.Name == bs.Name || o.Spec.Reverses != orig.Name || o.Spec.Type != hooksv1alpha1.SettlementRefund || o.Spec.Amount == nil {
+			continue
+		}
+		if MovedNothing(o) {
+			continue
+		}
+		total += o.Spec.Amount.Minor
+	}
+	if charged := ChargedAmount(orig); total > charged.Minor {
+		return fmt.Sprintf("refunds of %s would add up to %d, more than the %d %s it charged",
+			orig.Name, total, charged.Minor, charged.Currency)
+	}
+	return ""
+}

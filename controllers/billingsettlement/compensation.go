@@ -1,0 +1,113 @@
+package billingsettlement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/keyedsem"
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// guardCompensation holds a Refund or Void, before every submission of it (the first, and
+// any after a retry or a replay), while sending it
+// could move money wrongly: the original must exist, be for the same customer and
+// currency, and be Settled (Refund) or sent but not settled (Void) — or, for a Void,
+// settled at a provider that can still cancel it (billing.VoidsSettled), for the whole
+// of it; refunds of one original never add up to more than it charged, and a Void is
+// never sent beside another compensation of the same charge that may have moved money.
+// Two compensations created at once see each other (a live list, under the charge's
+// lock: guardAndSubmit), so neither can slip past the total or the Void's exclusivity.
+func (r *Reconciler) guardCompensation(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
+	bs := s.bs
+	if bs.Spec.Type != hooksv1alpha1.SettlementRefund && bs.Spec.Type != hooksv1alpha1.SettlementVoid {
+		return ctrl.Result{}, nil
+	}
+	// The original may have been archived: it is read from the archive then.
+	origp, _, err := archivelookup.Settlement(ctx, r.APIReader, r.Archive, bs.Namespace, bs.Spec.Reverses)
+	if apierrors.IsNotFound(err) {
+		return r.holdCompensation(s, fmt.Sprintf("waiting for the settlement it reverses, %q, to exist", bs.Spec.Reverses))
+	}
+	if errors.Is(err, archivelookup.ErrUnavailable) {
+		return r.holdCompensation(s, "waiting for the archive: the settlement it reverses may be there")
+	}
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("get reversed settlement %s: %w", bs.Spec.Reverses, err)
+	}
+	orig := *origp
+	if why := settlement.CompensationRefusal(bs, &orig, s.client != nil && billing.VoidsSettled(s.client)); why != "" {
+		return r.holdCompensation(s, why)
+	}
+	pinned := bs.Status.ReversesRef
+	if pinned != "" && orig.Status.ProviderRef != "" && pinned != orig.Status.ProviderRef {
+		return r.holdCompensation(s, fmt.Sprintf("%s now has provider reference %q, not %q as when this %s was first sent: "+
+			"compare both at the provider", orig.Name, orig.Status.ProviderRef, pinned, bs.Spec.Type))
+	}
+	var l hooksv1alpha1.BillingSettlementList
+	if err := r.APIReader.List(ctx, &l, client.InNamespace(bs.Namespace)); err != nil {
+		return ctrl.Result{}, fmt.Errorf("list compensations of %s: %w", orig.Name, err)
+	}
+	if r.Archive != nil {
+		// Compensations already archived count as much as those in the cluster: without
+		// them, a charge could be refunded again once its first refund left.
+		archived, err := r.Archive.Reversing(ctx, bs.Namespace, orig.Name)
+		metrics.NoteArchive("BillingSettlement", err)
+		if err != nil {
+			return r.holdCompensation(s, "waiting for the archive: earlier compensations of the charge may be there")
+		}
+		l.Items = settlement.WithArchived(l.Items, archived)
+	}
+	if why := settlement.ReversalConflict(bs, &orig, l.Items); why != "" {
+		return r.holdCompensation(s, why)
+	}
+	if why := settlement.RefundOverCharge(bs, &orig, l.Items); why != "" {
+		return r.holdCompensation(s, why)
+	}
+
+	s.reverses, s.reversesRef = orig.Spec.SettlementKey, settlement.ReversesRefOf(bs, &orig)
+	return ctrl.Result{}, nil
+}
+
+// compensationLocks serializes the guard and submission of the compensations of one
+// charge within this process — the leader of the namespace's shard, the only one that
+// reconciles them.
+var compensationLocks chargeLocks
+
+// chargeLocks is one lock per charge.
+type chargeLocks struct{ sems keyedsem.Set }
+
+// lock takes bs's charge's lock (none for a charge itself) and returns its release,
+// or ctx's error when ctx ends first (the manager stopping): a worker never waits for
+// good.
+func (k *chargeLocks) lock(ctx context.Context, bs *hooksv1alpha1.BillingSettlement) (func(), error) {
+	if bs.Spec.Reverses == "" {
+		return func() {}, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	unlock, ok := k.sems.Acquire(ctx, nil, bs.Namespace+"/"+bs.Spec.Reverses, 1)
+	if !ok {
+		return nil, ctx.Err()
+	}
+	return unlock, nil
+}
+
+// holdCompensation keeps a compensation Pending with the reason, and looks again later.
+func (r *Reconciler) holdCompensation(s *settlementScope, why string) (ctrl.Result, error) {
+	bs := s.bs
+	if c := findCondition(bs, hooksv1alpha1.ConditionReady); c == nil || c.Message != why {
+		r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonCompensationNotAllowed, "Compensate", "%s", why)
+	}
+	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonCompensationNotAllowed, why)
+	return ctrl.Result{RequeueAfter: waitForReference}, nil
+}
