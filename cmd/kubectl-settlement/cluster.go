@@ -15,13 +15,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 )
 
 // clusterFlags are the flags of the commands that read (or, for replay, annotate) the
-// cluster: keys, trace and replay. They fill a commonFlags so that the namespace and
+// cluster: keys, trace and replay. They fill a cmdline.Flags so that the namespace and
 // the kubeconfig are found exactly as the archive commands find them.
 type clusterFlags struct {
-	common   commonFlags
+	common   cmdline.Flags
 	provider string
 }
 
@@ -38,24 +39,24 @@ Cluster:
 
 // register adds the cluster flags; withArchive adds the archive's flags too (trace).
 func (c *clusterFlags) register(fs *flag.FlagSet, withArchive bool) {
-	fs.StringVar(&c.common.namespace, "n", "", "")
-	fs.StringVar(&c.common.namespace, "namespace", "", "")
-	fs.StringVar(&c.common.kubeconfig, "kubeconfig", "", "")
-	fs.StringVar(&c.common.kubeContext, "context", "", "")
-	fs.DurationVar(&c.common.timeout, "timeout", 30*time.Second, "")
+	fs.StringVar(&c.common.Namespace, "n", "", "")
+	fs.StringVar(&c.common.Namespace, "namespace", "", "")
+	fs.StringVar(&c.common.Kubeconfig, "kubeconfig", "", "")
+	fs.StringVar(&c.common.KubeContext, "context", "", "")
+	fs.DurationVar(&c.common.Timeout, "timeout", 30*time.Second, "")
 	fs.StringVar(&c.provider, "provider", "", "")
 	if withArchive {
-		fs.StringVar(&c.common.databaseURL, "database-url", "", "")
-		fs.StringVar(&c.common.fromSecret, "from-secret", "", "")
+		fs.StringVar(&c.common.DatabaseURL, "database-url", "", "")
+		fs.StringVar(&c.common.FromSecret, "from-secret", "", "")
 	}
 }
 
 func (c *clusterFlags) validate(cmd string, set map[string]bool) error {
-	if err := c.common.validate(cmd, set); err != nil {
+	if err := c.common.Validate(cmd, set); err != nil {
 		return err
 	}
 	if set["provider"] && c.provider == "" {
-		return usagef(cmd, "--provider needs a WebhookProvider name")
+		return cmdline.Usagef(cmd, "--provider needs a WebhookProvider name")
 	}
 	return nil
 }
@@ -63,7 +64,7 @@ func (c *clusterFlags) validate(cmd string, set map[string]bool) error {
 // archiveConfigured reports whether trace should read the archive too: a flag, or the
 // environment variable, names one.
 func (c *clusterFlags) archiveConfigured(env func(string) string) bool {
-	return c.common.databaseURL != "" || c.common.fromSecret != "" || env(EnvArchiveURL) != ""
+	return c.common.DatabaseURL != "" || c.common.FromSecret != "" || env(EnvArchiveURL) != ""
 }
 
 var scheme = func() *runtime.Scheme {
@@ -75,13 +76,13 @@ var scheme = func() *runtime.Scheme {
 
 // kubeClient is a client of the cluster the kubeconfig names. It reads the API server
 // directly (no cache): every answer is the current state.
-func kubeClient(c *commonFlags, env func(string) string) (client.Client, error) {
+func kubeClient(c *cmdline.Flags, env func(string) string) (client.Client, error) {
 	cfg, err := kubeConfig(c, env).ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("read the kubeconfig: %w", err)
 	}
 	cfg.UserAgent = "kubectl-settlement"
-	cfg.Timeout = c.timeout
+	cfg.Timeout = c.Timeout
 	cl, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return nil, fmt.Errorf("connect to the cluster: %w", err)
@@ -176,14 +177,14 @@ func (c *command) clusterCommand(cmd string, args []string, withArchive bool, he
 	for _, add := range extra {
 		add(fs)
 	}
-	pos, set, err := parse(cmd, fs, args, help)
+	pos, set, err := cmdline.Parse(cmd, fs, args, help)
 	if err != nil {
 		return nil, "", "", nil, err
 	}
 	if err := cf.validate(cmd, set); err != nil {
 		return nil, "", "", nil, err
 	}
-	if ref, err = oneReference(cmd, pos, what); err != nil {
+	if ref, err = cmdline.OneReference(cmd, pos, what); err != nil {
 		return nil, "", "", nil, err
 	}
 	if ns, err = namespace(&cf.common, c.env); err != nil {

@@ -12,6 +12,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 )
 
 type command struct {
@@ -36,7 +37,7 @@ Amounts are in the currency's minor unit, as everywhere in the operator (1250 US
 
   -o, --output FORMAT       yaml or json: the archived objects (one object, or a List
                             when several match); default a table per kind
-` + commonHelp + `
+` + cmdline.CommonHelp + `
 Examples:
   kubectl settlement archive get stl_3f9a0c2b8d7e6f5a4b3c2d1e0f9a8b7c -n tenant-a
   kubectl settlement archive get job-1001 -n tenant-a -o yaml
@@ -46,28 +47,28 @@ Examples:
 func (c *command) get(ctx context.Context, args []string) error {
 	const cmd = "archive get"
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	var common commonFlags
-	common.register(fs)
+	var common cmdline.Flags
+	common.Register(fs)
 	var output string
 	fs.StringVar(&output, "o", "", "")
 	fs.StringVar(&output, "output", "", "")
-	pos, set, err := parse(cmd, fs, args, getHelp)
+	pos, set, err := cmdline.Parse(cmd, fs, args, getHelp)
 	if err != nil {
 		return err
 	}
-	if err := common.validate(cmd, set); err != nil {
+	if err := common.Validate(cmd, set); err != nil {
 		return err
 	}
 	switch len(pos) {
 	case 0:
-		return usagef(cmd, "give the reference to look for: a settlement key, idempotency key, job ID, event ID or object name")
+		return cmdline.Usagef(cmd, "give the reference to look for: a settlement key, idempotency key, job ID, event ID or object name")
 	case 1:
 	default:
-		return usagef(cmd, "give one reference, got %d: %s", len(pos), strings.Join(pos, " "))
+		return cmdline.Usagef(cmd, "give one reference, got %d: %s", len(pos), strings.Join(pos, " "))
 	}
 	ref := pos[0]
 	if ref == "" {
-		return usagef(cmd, "the reference is empty")
+		return cmdline.Usagef(cmd, "the reference is empty")
 	}
 	if err := checkOutput(cmd, output); err != nil {
 		return err
@@ -167,7 +168,7 @@ var states = []hooksv1alpha1.SettlementState{hooksv1alpha1.SettlementPending, ho
 func (f *filterFlags) filter(cmd string, set map[string]bool, now time.Time) (archive.Filter, error) {
 	var out archive.Filter
 	if set["customer"] && f.customer == "" {
-		return out, usagef(cmd, "--customer is empty")
+		return out, cmdline.Usagef(cmd, "--customer is empty")
 	}
 	out.Customer = f.customer
 	if set["state"] {
@@ -177,28 +178,28 @@ func (f *filterFlags) filter(cmd string, set map[string]bool, now time.Time) (ar
 			}
 		}
 		if out.State == "" {
-			return out, usagef(cmd, "--state %q: want one of %s", f.state, joinStates())
+			return out, cmdline.Usagef(cmd, "--state %q: want one of %s", f.state, joinStates())
 		}
 	}
 	switch archive.TimeField(f.by) {
 	case archive.ByCreated, archive.BySettled, archive.ByArchived:
 		out.By = archive.TimeField(f.by)
 	default:
-		return out, usagef(cmd, "--by %q: want created, settled or archived", f.by)
+		return out, cmdline.Usagef(cmd, "--by %q: want created, settled or archived", f.by)
 	}
 	var err error
 	if set["since"] {
-		if out.Since, err = parseTime("since", f.since, now); err != nil {
-			return out, &usageError{cmd: cmd, err: err}
+		if out.Since, err = cmdline.ParseTime("since", f.since, now); err != nil {
+			return out, &cmdline.UsageError{Cmd: cmd, Err: err}
 		}
 	}
 	if set["until"] {
-		if out.Until, err = parseTime("until", f.until, now); err != nil {
-			return out, &usageError{cmd: cmd, err: err}
+		if out.Until, err = cmdline.ParseTime("until", f.until, now); err != nil {
+			return out, &cmdline.UsageError{Cmd: cmd, Err: err}
 		}
 	}
 	if !out.Since.IsZero() && !out.Until.IsZero() && !out.Until.After(out.Since) {
-		return out, usagef(cmd, "--until (%s) must be after --since (%s)", out.Until.Format(time.RFC3339), out.Since.Format(time.RFC3339))
+		return out, cmdline.Usagef(cmd, "--until (%s) must be after --since (%s)", out.Until.Format(time.RFC3339), out.Since.Format(time.RFC3339))
 	}
 	return out, nil
 }
@@ -220,7 +221,7 @@ Usage:
   --limit N                 at most N settlements (default 100; 0 for no limit). When more
                             match, a note on stderr says so
   -o, --output FORMAT       yaml or json: a List of the archived objects
-` + filterHelp + commonHelp + `
+` + filterHelp + cmdline.CommonHelp + `
 Examples:
   kubectl settlement archive list -n tenant-a --customer cus_1 --since 2026-11-01 --until 2026-12-01
   kubectl settlement archive list -A --state Failed --since 7d
@@ -229,8 +230,8 @@ Examples:
 func (c *command) list(ctx context.Context, args []string) error {
 	const cmd = "archive list"
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	var common commonFlags
-	common.register(fs)
+	var common cmdline.Flags
+	common.Register(fs)
 	var filters filterFlags
 	filters.register(fs)
 	var output string
@@ -238,21 +239,21 @@ func (c *command) list(ctx context.Context, args []string) error {
 	fs.StringVar(&output, "o", "", "")
 	fs.StringVar(&output, "output", "", "")
 	fs.IntVar(&limit, "limit", 100, "")
-	pos, set, err := parse(cmd, fs, args, listHelp)
+	pos, set, err := cmdline.Parse(cmd, fs, args, listHelp)
 	if err != nil {
 		return err
 	}
-	if err := common.validate(cmd, set); err != nil {
+	if err := common.Validate(cmd, set); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
-		return usagef(cmd, "unexpected argument %q (list takes only flags; to find one record use 'archive get')", pos[0])
+		return cmdline.Usagef(cmd, "unexpected argument %q (list takes only flags; to find one record use 'archive get')", pos[0])
 	}
 	if err := checkOutput(cmd, output); err != nil {
 		return err
 	}
 	if limit < 0 {
-		return usagef(cmd, "--limit must be 0 (no limit) or more, got %d", limit)
+		return cmdline.Usagef(cmd, "--limit must be 0 (no limit) or more, got %d", limit)
 	}
 	f, err := filters.filter(cmd, set, time.Now())
 	if err != nil {
@@ -317,7 +318,7 @@ Usage:
                             (empty for none; times RFC 3339 UTC; amounts in the minor unit;
                             values as stored, never escaped for spreadsheets)
   --format jsonl            one archived BillingSettlement object per line
-` + filterHelp + commonHelp + `
+` + filterHelp + cmdline.CommonHelp + `
 Examples:
   kubectl settlement archive export -A --since 2026-11-01 --until 2026-12-01 --format csv > november.csv
   kubectl settlement archive export -A --by archived --since 24h --format jsonl
@@ -326,24 +327,24 @@ Examples:
 func (c *command) export(ctx context.Context, args []string) error {
 	const cmd = "archive export"
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	var common commonFlags
-	common.register(fs)
+	var common cmdline.Flags
+	common.Register(fs)
 	var filters filterFlags
 	filters.register(fs)
 	var format string
 	fs.StringVar(&format, "format", "", "")
-	pos, set, err := parse(cmd, fs, args, exportHelp)
+	pos, set, err := cmdline.Parse(cmd, fs, args, exportHelp)
 	if err != nil {
 		return err
 	}
-	if err := common.validate(cmd, set); err != nil {
+	if err := common.Validate(cmd, set); err != nil {
 		return err
 	}
 	if len(pos) > 0 {
-		return usagef(cmd, "unexpected argument %q (export takes only flags)", pos[0])
+		return cmdline.Usagef(cmd, "unexpected argument %q (export takes only flags)", pos[0])
 	}
 	if !set["since"] {
-		return usagef(cmd, "--since is required (e.g. --since 2026-11-01, or --since 24h)")
+		return cmdline.Usagef(cmd, "--since is required (e.g. --since 2026-11-01, or --since 24h)")
 	}
 	var write func(*bufio.Writer, archive.SettlementRow) error
 	switch format {
@@ -351,9 +352,9 @@ func (c *command) export(ctx context.Context, args []string) error {
 	case "jsonl":
 		write = writeJSONL
 	case "":
-		return usagef(cmd, "--format is required: csv or jsonl")
+		return cmdline.Usagef(cmd, "--format is required: csv or jsonl")
 	default:
-		return usagef(cmd, "--format %q: want csv or jsonl", format)
+		return cmdline.Usagef(cmd, "--format %q: want csv or jsonl", format)
 	}
 	f, err := filters.filter(cmd, set, time.Now())
 	if err != nil {
@@ -420,5 +421,5 @@ func checkOutput(cmd, output string) error {
 	case "", "yaml", "json":
 		return nil
 	}
-	return usagef(cmd, "--output %q: want yaml or json (or nothing, for a table)", output)
+	return cmdline.Usagef(cmd, "--output %q: want yaml or json (or nothing, for a table)", output)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 )
 
 // EnvArchiveURL names the environment variable that holds the archive's URL.
@@ -17,35 +18,35 @@ const EnvArchiveURL = "SETTLEMENT_ARCHIVE_URL"
 
 // databaseURL is the archive's URL: --database-url, else the Secret of --from-secret,
 // else $SETTLEMENT_ARCHIVE_URL.
-func databaseURL(ctx context.Context, cmd string, c *commonFlags, env func(string) string) (string, error) {
+func databaseURL(ctx context.Context, cmd string, c *cmdline.Flags, env func(string) string) (string, error) {
 	switch {
-	case c.databaseURL != "":
-		return c.databaseURL, nil
-	case c.fromSecret != "":
-		ref, err := parseSecretRef(c.fromSecret)
+	case c.DatabaseURL != "":
+		return c.DatabaseURL, nil
+	case c.FromSecret != "":
+		ref, err := cmdline.ParseSecretRef(c.FromSecret)
 		if err != nil {
-			return "", &usageError{cmd: cmd, err: err}
+			return "", &cmdline.UsageError{Cmd: cmd, Err: err}
 		}
 		return secretValue(ctx, c, env, ref)
 	case env(EnvArchiveURL) != "":
 		return env(EnvArchiveURL), nil
 	}
-	return "", usagef(cmd, "no archive database: give --database-url, --from-secret <namespace>/<name>[/<key>], or set %s", EnvArchiveURL)
+	return "", cmdline.Usagef(cmd, "no archive database: give --database-url, --from-secret <namespace>/<name>[/<key>], or set %s", EnvArchiveURL)
 }
 
 // openArchive opens a read-only store on the archive and checks its schema. From here
 // on every error message goes through red, which knows the URL.
-func openArchive(ctx context.Context, cmd string, c *commonFlags, env func(string) string, red *redactor) (*archive.Store, error) {
+func openArchive(ctx context.Context, cmd string, c *cmdline.Flags, env func(string) string, red *redactor) (*archive.Store, error) {
 	u, err := databaseURL(ctx, cmd, c, env)
 	if err != nil {
 		return nil, err
 	}
 	red.add(u)
 	store, err := archive.Open(archive.Config{URL: u, ReadOnly: true, ApplicationName: "kubectl-settlement",
-		MaxConns: 2, StatementTimeout: c.timeout})
+		MaxConns: 2, StatementTimeout: c.Timeout})
 	if err != nil {
 		// The URL is input to the command as much as a flag is.
-		return nil, &usageError{cmd: cmd, err: err}
+		return nil, &cmdline.UsageError{Cmd: cmd, Err: err}
 	}
 	if err := store.CheckSchema(ctx); err != nil {
 		store.Close()

@@ -6,9 +6,9 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"strings"
 
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 )
 
 const keysHelp = `Print the names and keys the operator derives from an event ID, a job ID or a
@@ -84,19 +84,19 @@ func (c *command) keys(ctx context.Context, args []string) error {
 	var output string
 	fs.StringVar(&output, "o", "", "")
 	fs.StringVar(&output, "output", "", "")
-	pos, set, err := parse(cmd, fs, args, keysHelp)
+	pos, set, err := cmdline.Parse(cmd, fs, args, keysHelp)
 	if err != nil {
 		return err
 	}
 	if err := cf.validate(cmd, set); err != nil {
 		return err
 	}
-	ref, err := oneReference(cmd, pos, "an event ID, job ID or settlement key")
+	ref, err := cmdline.OneReference(cmd, pos, "an event ID, job ID or settlement key")
 	if err != nil {
 		return err
 	}
 	if output != "" && output != "json" {
-		return usagef(cmd, "--output %q: want json (or nothing, for text)", output)
+		return cmdline.Usagef(cmd, "--output %q: want json (or nothing, for text)", output)
 	}
 	ns, err := namespace(&cf.common, c.env)
 	if err != nil {
@@ -156,17 +156,4 @@ func printKeys(w *bufio.Writer, d derivedKeys) {
 	if d.Note != "" {
 		fmt.Fprintln(w, "Note: "+d.Note)
 	}
-}
-
-// oneReference is the single positional argument of keys, trace and replay.
-func oneReference(cmd string, pos []string, what string) (string, error) {
-	switch {
-	case len(pos) == 0:
-		return "", usagef(cmd, "give %s", what)
-	case len(pos) > 1:
-		return "", usagef(cmd, "give one reference, got %d: %s", len(pos), strings.Join(pos, " "))
-	case pos[0] == "":
-		return "", usagef(cmd, "the reference is empty")
-	}
-	return pos[0], nil
 }

@@ -12,31 +12,33 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 )
 
 // kubeConfig is the kubeconfig as kubectl finds it: --kubeconfig, else $KUBECONFIG (a
 // list of files), else ~/.kube/config; --context overrides the current context.
-func kubeConfig(c *commonFlags, env func(string) string) clientcmd.ClientConfig {
+func kubeConfig(c *cmdline.Flags, env func(string) string) clientcmd.ClientConfig {
 	rules := &clientcmd.ClientConfigLoadingRules{}
 	switch {
-	case c.kubeconfig != "":
-		rules.ExplicitPath = c.kubeconfig
+	case c.Kubeconfig != "":
+		rules.ExplicitPath = c.Kubeconfig
 	case env("KUBECONFIG") != "":
 		rules.Precedence = filepath.SplitList(env("KUBECONFIG"))
 	case env("HOME") != "":
 		rules.Precedence = []string{filepath.Join(env("HOME"), ".kube", "config")}
 	}
-	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: c.kubeContext})
+	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: c.KubeContext})
 }
 
 // namespace is the namespace to search: "" for --all-namespaces, --namespace, else the
 // kubeconfig context's namespace, else "default" (also when there is no kubeconfig).
-func namespace(c *commonFlags, env func(string) string) (string, error) {
+func namespace(c *cmdline.Flags, env func(string) string) (string, error) {
 	switch {
-	case c.allNamespaces:
+	case c.AllNamespaces:
 		return "", nil
-	case c.namespace != "":
-		return c.namespace, nil
+	case c.Namespace != "":
+		return c.Namespace, nil
 	}
 	ns, _, err := kubeConfig(c, env).Namespace()
 	if clientcmd.IsEmptyConfig(err) {
@@ -53,7 +55,7 @@ func namespace(c *commonFlags, env func(string) string) (string, error) {
 
 // secretValue reads one key of a Secret through the kubeconfig. Messages name the
 // Secret and its keys, never a value.
-func secretValue(ctx context.Context, c *commonFlags, env func(string) string, ref secretRef) (string, error) {
+func secretValue(ctx context.Context, c *cmdline.Flags, env func(string) string, ref cmdline.SecretRef) (string, error) {
 	cfg, err := kubeConfig(c, env).ClientConfig()
 	if err != nil {
 		return "", fmt.Errorf("--from-secret: read the kubeconfig: %w", err)
@@ -64,27 +66,27 @@ func secretValue(ctx context.Context, c *commonFlags, env func(string) string, r
 	if err != nil {
 		return "", fmt.Errorf("--from-secret: %w", err)
 	}
-	sec, err := client.Secrets(ref.namespace).Get(ctx, ref.name, metav1.GetOptions{})
+	sec, err := client.Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return "", fmt.Errorf("--from-secret: secret %q not found in namespace %q", ref.name, ref.namespace)
+		return "", fmt.Errorf("--from-secret: secret %q not found in namespace %q", ref.Name, ref.Namespace)
 	case apierrors.IsForbidden(err):
-		return "", fmt.Errorf("--from-secret: not allowed to read secret %s (check: kubectl auth can-i get secret/%s -n %s)", ref, ref.name, ref.namespace)
+		return "", fmt.Errorf("--from-secret: not allowed to read secret %s (check: kubectl auth can-i get secret/%s -n %s)", ref, ref.Name, ref.Namespace)
 	case err != nil:
 		return "", fmt.Errorf("--from-secret: read secret %s: %w", ref, err)
 	}
-	v, ok := sec.Data[ref.key]
+	v, ok := sec.Data[ref.Key]
 	if !ok {
 		keys := make([]string, 0, len(sec.Data))
 		for k := range sec.Data {
 			keys = append(keys, k)
 		}
 		sort.Strings(keys)
-		return "", fmt.Errorf("--from-secret: secret %s has no key %q (its keys: %s)", ref, ref.key, strings.Join(keys, ", "))
+		return "", fmt.Errorf("--from-secret: secret %s has no key %q (its keys: %s)", ref, ref.Key, strings.Join(keys, ", "))
 	}
 	url := strings.TrimSpace(string(v))
 	if url == "" {
-		return "", fmt.Errorf("--from-secret: key %q of secret %s is empty", ref.key, ref)
+		return "", fmt.Errorf("--from-secret: key %q of secret %s is empty", ref.Key, ref)
 	}
 	return url, nil
 }

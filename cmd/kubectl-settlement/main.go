@@ -28,6 +28,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 )
 
 const (
@@ -43,24 +45,6 @@ func main() {
 	os.Exit(code)
 }
 
-// usageError is a command line that cannot be run: exit status 2, with a pointer to
-// the command's help.
-type usageError struct {
-	cmd string // e.g. "archive get"
-	err error
-}
-
-func (e *usageError) Error() string { return e.err.Error() }
-
-func usagef(cmd, format string, args ...any) error {
-	return &usageError{cmd: cmd, err: fmt.Errorf(format, args...)}
-}
-
-// helpRequested is -h or --help: the help goes to stdout, exit status 0.
-type helpRequested struct{ text string }
-
-func (h *helpRequested) Error() string { return "help requested" }
-
 // run is the whole command: arguments in, output out, exit status back. env stands for
 // os.Getenv, so tests choose the environment.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string) int {
@@ -68,17 +52,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(
 	// every message passes through the redactor once the URL is known.
 	red := &redactor{}
 	err := dispatch(ctx, args, stdout, stderr, env, red)
-	var help *helpRequested
-	var usage *usageError
+	var help *cmdline.HelpRequested
+	var usage *cmdline.UsageError
 	switch {
 	case err == nil:
 		return exitOK
 	case errors.As(err, &help):
-		fmt.Fprint(stdout, help.text)
+		fmt.Fprint(stdout, help.Text)
 		return exitOK
 	case errors.As(err, &usage):
 		fmt.Fprintln(stderr, "error: "+red.clean(usage.Error()))
-		fmt.Fprintf(stderr, "See '%s --help' for usage.\n", strings.TrimSpace("kubectl settlement "+usage.cmd))
+		fmt.Fprintf(stderr, "See '%s --help' for usage.\n", strings.TrimSpace("kubectl settlement "+usage.Cmd))
 		return exitUsage
 	default:
 		fmt.Fprintln(stderr, "error: "+red.clean(err.Error()))
@@ -119,11 +103,11 @@ Run 'kubectl settlement archive <command> --help' for a command's flags.
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string, red *redactor) error {
 	c := &command{stdout: stdout, stderr: stderr, env: env, red: red}
 	if len(args) == 0 {
-		return usagef("", "no command given (try 'kubectl settlement archive get <ref>')")
+		return cmdline.Usagef("", "no command given (try 'kubectl settlement archive get <ref>')")
 	}
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
-		return &helpRequested{text: topHelp}
+		return &cmdline.HelpRequested{Text: topHelp}
 	case "archive":
 	case "keys":
 		return c.keys(ctx, args[1:])
@@ -134,15 +118,15 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	case "refund":
 		return c.refund(ctx, args[1:])
 	default:
-		return usagef("", "unknown command %q: want trace, replay, refund, keys or archive", args[0])
+		return cmdline.Usagef("", "unknown command %q: want trace, replay, refund, keys or archive", args[0])
 	}
 	args = args[1:]
 	if len(args) == 0 {
-		return usagef("archive", "no archive command given: get, list or export")
+		return cmdline.Usagef("archive", "no archive command given: get, list or export")
 	}
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
-		return &helpRequested{text: archiveHelp}
+		return &cmdline.HelpRequested{Text: archiveHelp}
 	case "get":
 		return c.get(ctx, args[1:])
 	case "list":
@@ -150,5 +134,5 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	case "export":
 		return c.export(ctx, args[1:])
 	}
-	return usagef("archive", "unknown archive command %q: want get, list or export", args[0])
+	return cmdline.Usagef("archive", "unknown archive command %q: want get, list or export", args[0])
 }

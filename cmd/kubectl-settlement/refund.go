@@ -13,6 +13,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 	"github.com/settlement-operator/settlement-operator/internal/money"
 )
 
@@ -152,11 +153,11 @@ func (c *command) refund(ctx context.Context, args []string) error {
 	}
 	switch {
 	case rf.amount == "" && !rf.full:
-		return usagef(cmd, "give --amount DECIMAL or --full")
+		return cmdline.Usagef(cmd, "give --amount DECIMAL or --full")
 	case rf.amount != "" && rf.full:
-		return usagef(cmd, "give --amount or --full, not both")
+		return cmdline.Usagef(cmd, "give --amount or --full, not both")
 	case !validRefundID(rf.refundID):
-		return usagef(cmd, "--refund-id %q: want 1 to 63 lowercase letters, digits, '-' or '.' (a number without leading zeros)", rf.refundID)
+		return cmdline.Usagef(cmd, "--refund-id %q: want 1 to 63 lowercase letters, digits, '-' or '.' (a number without leading zeros)", rf.refundID)
 	}
 	charge, tried, err := resolveSettlement(ctx, cl, ns, cf.provider, ref)
 	if err != nil {
@@ -197,7 +198,7 @@ func (c *command) refund(ctx context.Context, args []string) error {
 	minor := left
 	if !rf.full {
 		if minor, err = money.ParseAmount(rf.amount, charged.Currency); err != nil {
-			return usagef(cmd, "--amount: %v", err)
+			return cmdline.Usagef(cmd, "--amount: %v", err)
 		}
 	}
 	switch {
