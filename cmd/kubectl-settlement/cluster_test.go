@@ -29,6 +29,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/controllers"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
 
@@ -63,7 +64,7 @@ func cluster(t *testing.T) (client.Client, string, *rest.Config) {
 	if clusterErr != nil {
 		t.Fatalf("start the API server: %v", clusterErr)
 	}
-	cl, err := client.New(clusterCfg, client.Options{Scheme: scheme})
+	cl, err := client.New(clusterCfg, client.Options{Scheme: kube.Scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,7 +419,7 @@ func TestReplay(t *testing.T) {
 	// The controller, as the manager runs it.
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	m, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+	m, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: kube.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 )
 
 type command struct {
@@ -73,7 +74,7 @@ func (c *command) get(ctx context.Context, args []string) error {
 	if err := checkOutput(cmd, output); err != nil {
 		return err
 	}
-	ns, err := namespace(&common, c.env)
+	ns, err := kube.Namespace(&common, c.env)
 	if err != nil {
 		return err
 	}
@@ -259,7 +260,7 @@ func (c *command) list(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if f.Namespace, err = namespace(&common, c.env); err != nil {
+	if f.Namespace, err = kube.Namespace(&common, c.env); err != nil {
 		return err
 	}
 	if limit > 0 {
@@ -360,7 +361,7 @@ func (c *command) export(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if f.Namespace, err = namespace(&common, c.env); err != nil {
+	if f.Namespace, err = kube.Namespace(&common, c.env); err != nil {
 		return err
 	}
 	store, err := openArchive(ctx, cmd, &common, c.env, c.red)

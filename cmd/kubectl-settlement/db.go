@@ -11,6 +11,7 @@ import (
 
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 )
 
 // EnvArchiveURL names the environment variable that holds the archive's URL.
@@ -27,7 +28,7 @@ func databaseURL(ctx context.Context, cmd string, c *cmdline.Flags, env func(str
 		if err != nil {
 			return "", &cmdline.UsageError{Cmd: cmd, Err: err}
 		}
-		return secretValue(ctx, c, env, ref)
+		return kube.SecretValue(ctx, c, env, ref)
 	case env(EnvArchiveURL) != "":
 		return env(EnvArchiveURL), nil
 	}

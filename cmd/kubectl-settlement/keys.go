@@ -9,6 +9,7 @@ import (
 
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 )
 
 const keysHelp = `Print the names and keys the operator derives from an event ID, a job ID or a
@@ -19,7 +20,7 @@ Usage:
   kubectl settlement keys <event-id|job-id|settlement-key> [-n NS] [--provider NAME] [-o json]
 
   -o, --output json         one JSON object per webhook provider, in a list
-` + clusterHelp + `
+` + kube.Help + `
 Without --provider the namespace's WebhookProviders are read from the cluster.
 
 Examples:
@@ -79,8 +80,8 @@ func derive(ns, provider, ref string) derivedKeys {
 func (c *command) keys(ctx context.Context, args []string) error {
 	const cmd = "keys"
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	var cf clusterFlags
-	cf.register(fs, false)
+	var cf kube.Flags
+	cf.Register(fs, false)
 	var output string
 	fs.StringVar(&output, "o", "", "")
 	fs.StringVar(&output, "output", "", "")
@@ -88,7 +89,7 @@ func (c *command) keys(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := cf.validate(cmd, set); err != nil {
+	if err := cf.Validate(cmd, set); err != nil {
 		return err
 	}
 	ref, err := cmdline.OneReference(cmd, pos, "an event ID, job ID or settlement key")
@@ -98,17 +99,17 @@ func (c *command) keys(ctx context.Context, args []string) error {
 	if output != "" && output != "json" {
 		return cmdline.Usagef(cmd, "--output %q: want json (or nothing, for text)", output)
 	}
-	ns, err := namespace(&cf.common, c.env)
+	ns, err := kube.Namespace(&cf.Common, c.env)
 	if err != nil {
 		return err
 	}
-	providers := []string{cf.provider}
-	if cf.provider == "" {
-		cl, err := kubeClient(&cf.common, c.env)
+	providers := []string{cf.Provider}
+	if cf.Provider == "" {
+		cl, err := kube.Client(&cf.Common, c.env)
 		if err != nil {
 			return err
 		}
-		if providers, err = webhookProviders(ctx, cl, ns, ""); err != nil {
+		if providers, err = kube.WebhookProviders(ctx, cl, ns, ""); err != nil {
 			return err
 		}
 		if len(providers) == 0 {

@@ -14,6 +14,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 	"github.com/settlement-operator/settlement-operator/internal/money"
 )
 
@@ -41,7 +42,7 @@ Usage:
   --refund-id ID            tells this refund apart from other refunds of the same
                             charge (default 1; lowercase letters, digits, '-', '.')
   --dry-run                 print the refund that would be created; create nothing
-` + clusterHelp + `
+` + kube.Help + `
 Examples:
   kubectl settlement refund inference-stl-6f1c0d9e8b7a6f5e4d3c2b1a0f9e8d7c --amount 12.50 -n tenant-a
   kubectl settlement refund '["job","tenant-a","inference","job-7781"]' --full -n tenant-a
@@ -146,7 +147,7 @@ func validRefundID(id string) bool {
 func (c *command) refund(ctx context.Context, args []string) error {
 	const cmd = "refund"
 	var rf refundFlags
-	cf, ref, ns, cl, err := c.clusterCommand(cmd, args, false, refundHelp,
+	cf, ref, ns, cl, err := kube.Start(c.env, cmd, args, false, refundHelp,
 		"the charge to refund: its name, settlement key or idempotency key", rf.register)
 	if err != nil {
 		return err
@@ -159,7 +160,7 @@ func (c *command) refund(ctx context.Context, args []string) error {
 	case !validRefundID(rf.refundID):
 		return cmdline.Usagef(cmd, "--refund-id %q: want 1 to 63 lowercase letters, digits, '-' or '.' (a number without leading zeros)", rf.refundID)
 	}
-	charge, tried, err := resolveSettlement(ctx, cl, ns, cf.provider, ref)
+	charge, tried, err := kube.ResolveSettlement(ctx, cl, ns, cf.Provider, ref)
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 )
 
 const traceHelp = `Print the whole story of an event, a job or a settlement: the WebhookEvent(s), the
@@ -31,7 +32,7 @@ them (kubectl settlement keys prints them): an object name; an event ID and a jo
 each webhook provider; a settlement key; then an idempotency key or settlement key of any
 settlement in the namespace; then, when an archive is configured, everything the archive
 holds under it. When nothing matches, the message lists what was tried.
-` + clusterHelp + `
+` + kube.Help + `
 Archive (optional; the same as for 'archive get'):
   --database-url URL, --from-secret NS/NAME[/KEY], or SETTLEMENT_ARCHIVE_URL
   Records no longer in the cluster are read from the archive, read-only.
@@ -87,22 +88,22 @@ type tracer struct {
 
 func (c *command) trace(ctx context.Context, args []string) error {
 	const cmd = "trace"
-	cf, ref, ns, cl, err := c.clusterCommand(cmd, args, true, traceHelp,
+	cf, ref, ns, cl, err := kube.Start(c.env, cmd, args, true, traceHelp,
 		"an event ID, job ID, settlement key, idempotency key or object name")
 	if err != nil {
 		return err
 	}
 	t := &tracer{cl: cl, ns: ns, events: map[string]*tracedEvent{}, jobs: map[string]*tracedJob{},
 		settlements: map[string]*tracedSettlement{}, seen: map[string]bool{}}
-	if cf.archiveConfigured(c.env) {
-		store, err := openArchive(ctx, cmd, &cf.common, c.env, c.red)
+	if archiveConfigured(cf, c.env) {
+		store, err := openArchive(ctx, cmd, &cf.Common, c.env, c.red)
 		if err != nil {
 			return err
 		}
 		defer store.Close()
 		t.store = store
 	}
-	providers, err := webhookProviders(ctx, cl, ns, cf.provider)
+	providers, err := kube.WebhookProviders(ctx, cl, ns, cf.Provider)
 	if err != nil {
 		return err
 	}
@@ -126,6 +127,12 @@ func (c *command) trace(ctx context.Context, args []string) error {
 	fmt.Fprintf(w, "Trace of %q in namespace %s: %s\n", ref, ns, strings.Join(matched, "; "))
 	t.print(w)
 	return w.Flush()
+}
+
+// archiveConfigured reports whether trace should read the archive too: a flag, or the
+// environment variable, names one.
+func archiveConfigured(cf *kube.Flags, env func(string) string) bool {
+	return cf.Common.DatabaseURL != "" || cf.Common.FromSecret != "" || env(EnvArchiveURL) != ""
 }
 
 // resolve tries every reading of ref and queues what matches. matched says which
@@ -186,7 +193,7 @@ func (t *tracer) resolve(ctx context.Context, ref string, providers []string) (m
 	}
 	if len(matched) == 0 {
 		tried = append(tried, "every BillingSettlement of the namespace whose settlement key or idempotency key is the reference")
-		found, err := findSettlements(ctx, t.cl, t.ns, func(bs *hooksv1alpha1.BillingSettlement) bool {
+		found, err := kube.FindSettlements(ctx, t.cl, t.ns, func(bs *hooksv1alpha1.BillingSettlement) bool {
 			return bs.Spec.SettlementKey == ref || bs.Spec.IdempotencyKey == ref
 		})
 		if err != nil {
@@ -261,17 +268,17 @@ func (t *tracer) read(ctx context.Context, kind, name string) (bool, error) {
 	switch kind {
 	case kindEvent:
 		var o hooksv1alpha1.WebhookEvent
-		if ok, err = getIfExists(ctx, t.cl, t.ns, name, &o); ok {
+		if ok, err = kube.GetIfExists(ctx, t.cl, t.ns, name, &o); ok {
 			t.events[name] = &tracedEvent{obj: o}
 		}
 	case kindJob:
 		var o hooksv1alpha1.JobCompletion
-		if ok, err = getIfExists(ctx, t.cl, t.ns, name, &o); ok {
+		if ok, err = kube.GetIfExists(ctx, t.cl, t.ns, name, &o); ok {
 			t.jobs[name] = &tracedJob{obj: o}
 		}
 	case kindSettlement:
 		var o hooksv1alpha1.BillingSettlement
-		if ok, err = getIfExists(ctx, t.cl, t.ns, name, &o); ok {
+		if ok, err = kube.GetIfExists(ctx, t.cl, t.ns, name, &o); ok {
 			t.settlements[name] = &tracedSettlement{obj: o}
 		}
 	}

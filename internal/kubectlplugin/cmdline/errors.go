@@ -1,21 +1,6 @@
 package cmdline
 
-import (
-	"fmt"
-	"io"
-)
-
-// Env is what a command runs with besides its arguments: where its output goes and
-// the environment it reads. Getenv stands for os.Getenv, so tests choose the
-// environment.
-type Env struct {
-	// Stdout receives the command's result.
-	Stdout io.Writer
-	// Stderr receives notes beside the result (the caller prints errors).
-	Stderr io.Writer
-	// Getenv reads an environment variable, as os.Getenv does.
-	Getenv func(string) string
-}
+import "fmt"
 
 // UsageError is a command line that cannot be run: the caller exits with status 2 and
 // points at the command's help, which is how kubectl tells a wrong command line from a

@@ -1,4 +1,9 @@
-package main
+// Package kube is the kubectl plugin's access to the cluster: the kubeconfig found as
+// kubectl finds it, the flags of the commands that read the cluster, a client, and the
+// reads and lookups those commands share (a read that tells "absent" from "not
+// allowed", the namespace's webhook providers, a settlement by any of its references).
+// It never writes; the commands that do (replay, refund) write through its client.
+package kube
 
 import (
 	"context"
@@ -31,9 +36,10 @@ func kubeConfig(c *cmdline.Flags, env func(string) string) clientcmd.ClientConfi
 	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: c.KubeContext})
 }
 
-// namespace is the namespace to search: "" for --all-namespaces, --namespace, else the
-// kubeconfig context's namespace, else "default" (also when there is no kubeconfig).
-func namespace(c *cmdline.Flags, env func(string) string) (string, error) {
+// Namespace is the namespace to search: "" for --all-namespaces, --namespace, else the
+// kubeconfig context's namespace, else "default" (also when there is no kubeconfig), so
+// that every command defaults as kubectl does.
+func Namespace(c *cmdline.Flags, env func(string) string) (string, error) {
 	switch {
 	case c.AllNamespaces:
 		return "", nil
@@ -53,9 +59,10 @@ func namespace(c *cmdline.Flags, env func(string) string) (string, error) {
 	return ns, nil
 }
 
-// secretValue reads one key of a Secret through the kubeconfig. Messages name the
-// Secret and its keys, never a value.
-func secretValue(ctx context.Context, c *cmdline.Flags, env func(string) string, ref cmdline.SecretRef) (string, error) {
+// SecretValue reads one key of a Secret through the kubeconfig, for --from-secret:
+// the archive's URL then never appears on a command line. Messages name the Secret and
+// its keys, never a value.
+func SecretValue(ctx context.Context, c *cmdline.Flags, env func(string) string, ref cmdline.SecretRef) (string, error) {
 	cfg, err := kubeConfig(c, env).ClientConfig()
 	if err != nil {
 		return "", fmt.Errorf("--from-secret: read the kubeconfig: %w", err)
