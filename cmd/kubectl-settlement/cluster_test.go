@@ -29,6 +29,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/controllers"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
@@ -351,7 +352,7 @@ func TestTraceWithArchive(t *testing.T) {
 	cl, ns, cfg := cluster(t)
 	n := story(t, cl, ns, false) // the event is only in the archive
 	env := kubeEnv(t, cfg, "")
-	env[EnvArchiveURL] = archiveURL
+	env[archivedb.EnvArchiveURL] = archiveURL
 	for _, ref := range []string{"job-7781", "evt_1"} {
 		r := cli(t, env, "trace", ref, "-n", ns, "--provider", "inference")
 		if r.code != 0 {
@@ -365,7 +366,7 @@ func TestTraceWithArchive(t *testing.T) {
 		}
 	}
 	// Without the archive the event is named as linked but not found.
-	delete(env, EnvArchiveURL)
+	delete(env, archivedb.EnvArchiveURL)
 	r := cli(t, env, "trace", "job-7781", "-n", ns, "--provider", "inference")
 	if r.code != 0 || !strings.Contains(r.stdout, "Linked but not found in the cluster (no archive configured):\n  WebhookEvent "+n.event) {
 		t.Fatalf("without the archive: %d %s %s", r.code, r.stdout, r.stderr)

@@ -12,6 +12,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 )
@@ -19,7 +20,7 @@ import (
 type command struct {
 	stdout, stderr io.Writer
 	env            func(string) string
-	red            *redactor
+	red            *archivedb.Redactor
 }
 
 const getHelp = `Find every archived record a reference names.
@@ -78,7 +79,7 @@ func (c *command) get(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	store, err := openArchive(ctx, cmd, &common, c.env, c.red)
+	store, err := archivedb.Open(ctx, cmd, &common, c.env, c.red)
 	if err != nil {
 		return err
 	}
@@ -266,7 +267,7 @@ func (c *command) list(ctx context.Context, args []string) error {
 	if limit > 0 {
 		f.Limit = limit + 1 // one more, to know whether there are more
 	}
-	store, err := openArchive(ctx, cmd, &common, c.env, c.red)
+	store, err := archivedb.Open(ctx, cmd, &common, c.env, c.red)
 	if err != nil {
 		return err
 	}
@@ -364,7 +365,7 @@ func (c *command) export(ctx context.Context, args []string) error {
 	if f.Namespace, err = kube.Namespace(&common, c.env); err != nil {
 		return err
 	}
-	store, err := openArchive(ctx, cmd, &common, c.env, c.red)
+	store, err := archivedb.Open(ctx, cmd, &common, c.env, c.red)
 	if err != nil {
 		return err
 	}

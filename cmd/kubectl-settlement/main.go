@@ -29,6 +29,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 )
 
@@ -50,7 +51,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string) int {
 	// Whatever fails, an error message never repeats the archive's URL or password:
 	// every message passes through the redactor once the URL is known.
-	red := &redactor{}
+	red := &archivedb.Redactor{}
 	err := dispatch(ctx, args, stdout, stderr, env, red)
 	var help *cmdline.HelpRequested
 	var usage *cmdline.UsageError
@@ -61,11 +62,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(
 		fmt.Fprint(stdout, help.Text)
 		return exitOK
 	case errors.As(err, &usage):
-		fmt.Fprintln(stderr, "error: "+red.clean(usage.Error()))
+		fmt.Fprintln(stderr, "error: "+red.Clean(usage.Error()))
 		fmt.Fprintf(stderr, "See '%s --help' for usage.\n", strings.TrimSpace("kubectl settlement "+usage.Cmd))
 		return exitUsage
 	default:
-		fmt.Fprintln(stderr, "error: "+red.clean(err.Error()))
+		fmt.Fprintln(stderr, "error: "+red.Clean(err.Error()))
 		return exitFail
 	}
 }
@@ -100,7 +101,7 @@ Commands:
 Run 'kubectl settlement archive <command> --help' for a command's flags.
 `
 
-func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string, red *redactor) error {
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string, red *archivedb.Redactor) error {
 	c := &command{stdout: stdout, stderr: stderr, env: env, red: red}
 	if len(args) == 0 {
 		return cmdline.Usagef("", "no command given (try 'kubectl settlement archive get <ref>')")

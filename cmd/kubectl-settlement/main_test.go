@@ -22,6 +22,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/archive/pgtest"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
 )
 
 var server *pgtest.Server
@@ -156,7 +157,7 @@ func cli(t *testing.T, env map[string]string, args ...string) result {
 	return r
 }
 
-func dbEnv(url string) map[string]string { return map[string]string{EnvArchiveURL: url} }
+func dbEnv(url string) map[string]string { return map[string]string{archivedb.EnvArchiveURL: url} }
 
 func lines(s string) []string { return strings.Split(strings.TrimRight(s, "\n"), "\n") }
 
@@ -457,7 +458,7 @@ func TestBadCommandLines(t *testing.T) {
 		}
 	}
 	// No database configured at all.
-	if r := cli(t, nil, "archive", "list", "-A"); r.code != 2 || !strings.Contains(r.stderr, EnvArchiveURL) {
+	if r := cli(t, nil, "archive", "list", "-A"); r.code != 2 || !strings.Contains(r.stderr, archivedb.EnvArchiveURL) {
 		t.Fatalf("no database: %d %s", r.code, r.stderr)
 	}
 	// Help is not an error.
@@ -500,9 +501,9 @@ func TestTheURLIsNeverPrinted(t *testing.T) {
 		t.Fatalf("an unmigrated database says so: %s", r.stderr)
 	}
 	// The redactor itself, for a message that would carry them.
-	red := &redactor{}
-	red.add(closed)
-	if got := red.clean("dial " + closed + " as postgres:" + password); strings.Contains(got, password) || strings.Contains(got, "127.0.0.1:1/x") {
+	red := &archivedb.Redactor{}
+	red.Add(closed)
+	if got := red.Clean("dial " + closed + " as postgres:" + password); strings.Contains(got, password) || strings.Contains(got, "127.0.0.1:1/x") {
 		t.Fatalf("redactor: %s", got)
 	}
 }
@@ -599,9 +600,9 @@ func TestFromSecret(t *testing.T) {
 		}
 	}
 	// --from-secret wins over the environment variable.
-	env[EnvArchiveURL] = "postgres://postgres:" + password + "@127.0.0.1:1/x"
+	env[archivedb.EnvArchiveURL] = "postgres://postgres:" + password + "@127.0.0.1:1/x"
 	if r := cli(t, env, "archive", "get", "stl-a", "--from-secret", "ops/archive-db"); r.code != 0 {
-		t.Fatalf("--from-secret over %s: %d %s", EnvArchiveURL, r.code, r.stderr)
+		t.Fatalf("--from-secret over %s: %d %s", archivedb.EnvArchiveURL, r.code, r.stderr)
 	}
 }
 
@@ -615,7 +616,7 @@ func TestDefaultNamespace(t *testing.T) {
 		}
 		return fields(lines(r.stdout)[1])[0] + " " + fields(lines(r.stdout)[1])[3]
 	}
-	env := map[string]string{EnvArchiveURL: url, "KUBECONFIG": cfg}
+	env := map[string]string{archivedb.EnvArchiveURL: url, "KUBECONFIG": cfg}
 	// The context's namespace (tenant-a's stl-a is usage-priced, tenant-b's 100 USD).
 	if got := first(cli(t, env, "archive", "get", "stl-a")); got != "stl-a 1523" {
 		t.Fatalf("current context: %s", got)
@@ -627,7 +628,7 @@ func TestDefaultNamespace(t *testing.T) {
 	if r := cli(t, env, "archive", "list", "--context", "plain"); !strings.Contains(r.stderr, "in default namespace") {
 		t.Fatalf("a context without a namespace: %d %s", r.code, r.stderr)
 	}
-	if r := cli(t, map[string]string{EnvArchiveURL: url, "HOME": t.TempDir()}, "archive", "list"); !strings.Contains(r.stderr, "in default namespace") {
+	if r := cli(t, map[string]string{archivedb.EnvArchiveURL: url, "HOME": t.TempDir()}, "archive", "list"); !strings.Contains(r.stderr, "in default namespace") {
 		t.Fatalf("no kubeconfig: %d %s", r.code, r.stderr)
 	}
 	// An explicit kubeconfig that does not exist is an error, not "default".

@@ -15,6 +15,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 )
 
@@ -96,7 +97,7 @@ func (c *command) trace(ctx context.Context, args []string) error {
 	t := &tracer{cl: cl, ns: ns, events: map[string]*tracedEvent{}, jobs: map[string]*tracedJob{},
 		settlements: map[string]*tracedSettlement{}, seen: map[string]bool{}}
 	if archiveConfigured(cf, c.env) {
-		store, err := openArchive(ctx, cmd, &cf.Common, c.env, c.red)
+		store, err := archivedb.Open(ctx, cmd, &cf.Common, c.env, c.red)
 		if err != nil {
 			return err
 		}
@@ -132,7 +133,7 @@ func (c *command) trace(ctx context.Context, args []string) error {
 // archiveConfigured reports whether trace should read the archive too: a flag, or the
 // environment variable, names one.
 func archiveConfigured(cf *kube.Flags, env func(string) string) bool {
-	return cf.Common.DatabaseURL != "" || cf.Common.FromSecret != "" || env(EnvArchiveURL) != ""
+	return cf.Common.DatabaseURL != "" || cf.Common.FromSecret != "" || env(archivedb.EnvArchiveURL) != ""
 }
 
 // resolve tries every reading of ref and queues what matches. matched says which

@@ -1,4 +1,9 @@
-package main
+// Package archivedb is the kubectl plugin's access to the operator's PostgreSQL
+// archive: where its URL comes from (a flag, a Secret or the environment), a
+// read-only store on it, and the redactor that keeps the URL and its password out of
+// every message. It is separate from the archive's own package because these are the
+// plugin's choices: read-only, and secrets never printed.
+package archivedb
 
 import (
 	"context"
@@ -14,7 +19,8 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 )
 
-// EnvArchiveURL names the environment variable that holds the archive's URL.
+// EnvArchiveURL names the environment variable that holds the archive's URL, the way to
+// give it without a flag (visible in ps) or a Secret.
 const EnvArchiveURL = "SETTLEMENT_ARCHIVE_URL"
 
 // databaseURL is the archive's URL: --database-url, else the Secret of --from-secret,
@@ -35,14 +41,15 @@ func databaseURL(ctx context.Context, cmd string, c *cmdline.Flags, env func(str
 	return "", cmdline.Usagef(cmd, "no archive database: give --database-url, --from-secret <namespace>/<name>[/<key>], or set %s", EnvArchiveURL)
 }
 
-// openArchive opens a read-only store on the archive and checks its schema. From here
-// on every error message goes through red, which knows the URL.
-func openArchive(ctx context.Context, cmd string, c *cmdline.Flags, env func(string) string, red *redactor) (*archive.Store, error) {
+// Open opens a read-only store on the archive and checks its schema, so that no
+// command of the plugin can write to the archive or misread an older one. From here on
+// every error message goes through red, which knows the URL.
+func Open(ctx context.Context, cmd string, c *cmdline.Flags, env func(string) string, red *Redactor) (*archive.Store, error) {
 	u, err := databaseURL(ctx, cmd, c, env)
 	if err != nil {
 		return nil, err
 	}
-	red.add(u)
+	red.Add(u)
 	store, err := archive.Open(archive.Config{URL: u, ReadOnly: true, ApplicationName: "kubectl-settlement",
 		MaxConns: 2, StatementTimeout: c.Timeout})
 	if err != nil {
@@ -59,12 +66,14 @@ func openArchive(ctx context.Context, cmd string, c *cmdline.Flags, env func(str
 	return store, nil
 }
 
-// redactor removes the archive's URL and password from messages. pgx's own messages
+// Redactor removes the archive's URL and password from messages. pgx's own messages
 // never carry the password, but a driver, a proxy or a future version might; the
-// redactor does not depend on it.
-type redactor struct{ secrets []string }
+// redactor does not depend on it. Its zero value redacts nothing.
+type Redactor struct{ secrets []string }
 
-func (r *redactor) add(dbURL string) {
+// Add makes the redactor remove dbURL, its password and their escaped forms, once the
+// URL is known.
+func (r *Redactor) Add(dbURL string) {
 	candidates := []string{dbURL}
 	if u, err := url.Parse(dbURL); err == nil && u.User != nil {
 		if p, ok := u.User.Password(); ok {
@@ -83,7 +92,9 @@ func (r *redactor) add(dbURL string) {
 	sort.Slice(r.secrets, func(i, j int) bool { return len(r.secrets[i]) > len(r.secrets[j]) })
 }
 
-func (r *redactor) clean(msg string) string {
+// Clean is msg with every secret added replaced by [REDACTED]; every error message
+// the plugin prints passes through it.
+func (r *Redactor) Clean(msg string) string {
 	for _, s := range r.secrets {
 		msg = strings.ReplaceAll(msg, s, "[REDACTED]")
 	}
