@@ -15,6 +15,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/printers"
 )
 
 type command struct {
@@ -72,7 +73,7 @@ func (c *command) get(ctx context.Context, args []string) error {
 	if ref == "" {
 		return cmdline.Usagef(cmd, "the reference is empty")
 	}
-	if err := checkOutput(cmd, output); err != nil {
+	if err := printers.CheckFormat(cmd, output); err != nil {
 		return err
 	}
 	ns, err := kube.Namespace(&common, c.env)
@@ -107,7 +108,7 @@ func (c *command) get(ctx context.Context, args []string) error {
 		for _, e := range found.Events {
 			objs = append(objs, e.Raw)
 		}
-		if err := printObjects(w, output, objs, len(objs) > 1); err != nil {
+		if err := printers.PrintObjects(w, output, objs, len(objs) > 1); err != nil {
 			return err
 		}
 		return w.Flush()
@@ -115,21 +116,21 @@ func (c *command) get(ctx context.Context, args []string) error {
 	all := ns == ""
 	sep := false
 	if len(found.Settlements) > 0 {
-		printSettlements(w, found.Settlements, all)
+		printers.PrintSettlements(w, found.Settlements, all)
 		sep = true
 	}
 	if len(found.Jobs) > 0 {
 		if sep {
 			fmt.Fprintln(w)
 		}
-		printJobs(w, found.Jobs, all)
+		printers.PrintJobs(w, found.Jobs, all)
 		sep = true
 	}
 	if len(found.Events) > 0 {
 		if sep {
 			fmt.Fprintln(w)
 		}
-		printEvents(w, found.Events, all)
+		printers.PrintEvents(w, found.Events, all)
 	}
 	return w.Flush()
 }
@@ -251,7 +252,7 @@ func (c *command) list(ctx context.Context, args []string) error {
 	if len(pos) > 0 {
 		return cmdline.Usagef(cmd, "unexpected argument %q (list takes only flags; to find one record use 'archive get')", pos[0])
 	}
-	if err := checkOutput(cmd, output); err != nil {
+	if err := printers.CheckFormat(cmd, output); err != nil {
 		return err
 	}
 	if limit < 0 {
@@ -287,7 +288,7 @@ func (c *command) list(ctx context.Context, args []string) error {
 		for i, s := range got {
 			objs[i] = s.Raw
 		}
-		if err := printObjects(w, output, objs, true); err != nil {
+		if err := printers.PrintObjects(w, output, objs, true); err != nil {
 			return err
 		}
 	case len(got) == 0:
@@ -297,7 +298,7 @@ func (c *command) list(ctx context.Context, args []string) error {
 			fmt.Fprintf(c.stderr, "No archived settlements found in %s namespace.\n", f.Namespace)
 		}
 	default:
-		printSettlements(w, got, f.Namespace == "")
+		printers.PrintSettlements(w, got, f.Namespace == "")
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -416,12 +417,4 @@ func writeErr(err error) error {
 		return err
 	}
 	return &outputError{err: err}
-}
-
-func checkOutput(cmd, output string) error {
-	switch output {
-	case "", "yaml", "json":
-		return nil
-	}
-	return cmdline.Usagef(cmd, "--output %q: want yaml or json (or nothing, for a table)", output)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/printers"
 )
 
 const keysHelp = `Print the names and keys the operator derives from an event ID, a job ID or a
@@ -140,7 +141,7 @@ func (c *command) keys(ctx context.Context, args []string) error {
 
 func printKeys(w *bufio.Writer, d derivedKeys) {
 	fmt.Fprintf(w, "Namespace %q, webhook provider %q, reference %q\n", d.Namespace, d.Provider, d.Reference)
-	tw := table(w)
+	tw := printers.Table(w)
 	fmt.Fprintln(tw, "As an event ID:")
 	fmt.Fprintf(tw, "  WebhookEvent\t%s\n", d.EventName)
 	fmt.Fprintln(tw, "As a job ID:")

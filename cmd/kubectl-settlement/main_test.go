@@ -23,6 +23,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/archive/pgtest"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/printers"
 )
 
 var server *pgtest.Server
@@ -223,7 +224,7 @@ func TestGetByEveryKindOfReference(t *testing.T) {
 		t.Fatalf("refund row %v", f)
 	}
 	r = cli(t, env, "archive", "get", "stl-f", "-n", "tenant-a")
-	if f := fields(lines(r.stdout)[1]); f[5] != "Failed" || f[7] != none {
+	if f := fields(lines(r.stdout)[1]); f[5] != "Failed" || f[7] != printers.None {
 		t.Fatalf("an empty PROVIDER-REF is <none>: %v", f)
 	}
 
