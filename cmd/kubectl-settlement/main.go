@@ -31,6 +31,7 @@ import (
 
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/keys"
 )
 
 const (
@@ -103,6 +104,7 @@ Run 'kubectl settlement archive <command> --help' for a command's flags.
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string, red *archivedb.Redactor) error {
 	c := &command{stdout: stdout, stderr: stderr, env: env, red: red}
+	e := cmdline.Env{Stdout: stdout, Stderr: stderr, Getenv: env}
 	if len(args) == 0 {
 		return cmdline.Usagef("", "no command given (try 'kubectl settlement archive get <ref>')")
 	}
@@ -111,7 +113,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 		return &cmdline.HelpRequested{Text: topHelp}
 	case "archive":
 	case "keys":
-		return c.keys(ctx, args[1:])
+		return keys.Run(ctx, e, args[1:])
 	case "trace":
 		return c.trace(ctx, args[1:])
 	case "replay":

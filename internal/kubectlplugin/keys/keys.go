@@ -1,4 +1,8 @@
-package main
+// Package keys is `kubectl settlement keys`: it prints the names and keys the operator
+// derives from an event ID, a job ID or a settlement key, computed with
+// internal/identity (the operator's own functions), so that nobody computes a hash by
+// hand. It reads the cluster only for the namespace's webhook providers.
+package keys
 
 import (
 	"bufio"
@@ -78,7 +82,9 @@ func derive(ns, provider, ref string) derivedKeys {
 	return d
 }
 
-func (c *command) keys(ctx context.Context, args []string) error {
+// Run is `kubectl settlement keys` with its arguments (after "keys"): it prints every
+// reading of one reference, for each webhook provider, as text or -o json.
+func Run(ctx context.Context, c cmdline.Env, args []string) error {
 	const cmd = "keys"
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	var cf kube.Flags
@@ -100,13 +106,13 @@ func (c *command) keys(ctx context.Context, args []string) error {
 	if output != "" && output != "json" {
 		return cmdline.Usagef(cmd, "--output %q: want json (or nothing, for text)", output)
 	}
-	ns, err := kube.Namespace(&cf.Common, c.env)
+	ns, err := kube.Namespace(&cf.Common, c.Getenv)
 	if err != nil {
 		return err
 	}
 	providers := []string{cf.Provider}
 	if cf.Provider == "" {
-		cl, err := kube.Client(&cf.Common, c.env)
+		cl, err := kube.Client(&cf.Common, c.Getenv)
 		if err != nil {
 			return err
 		}
@@ -121,7 +127,7 @@ func (c *command) keys(ctx context.Context, args []string) error {
 	for i, p := range providers {
 		all[i] = derive(ns, p, ref)
 	}
-	w := bufio.NewWriter(c.stdout)
+	w := bufio.NewWriter(c.Stdout)
 	if output == "json" {
 		b, err := json.MarshalIndent(all, "", "    ")
 		if err != nil {
