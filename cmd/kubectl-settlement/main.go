@@ -32,6 +32,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/keys"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/trace"
 )
 
 const (
@@ -115,7 +116,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	case "keys":
 		return keys.Run(ctx, e, args[1:])
 	case "trace":
-		return c.trace(ctx, args[1:])
+		return trace.Run(ctx, e, red, args[1:])
 	case "replay":
 		return c.replay(ctx, args[1:])
 	case "refund":

@@ -1,4 +1,9 @@
-package main
+// Package trace is `kubectl settlement trace`: the whole story of an event, a job or a
+// settlement (the WebhookEvents, the JobCompletion, the BillingSettlements with the
+// refunds and voids that reverse them) followed through the links the operator
+// writes, from the cluster and, when one is configured, from the archive. It only
+// reads.
+package trace
 
 import (
 	"bufio"
@@ -16,6 +21,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 )
 
@@ -87,17 +93,20 @@ type tracer struct {
 	queue       []string // "kind/name" still to read
 }
 
-func (c *command) trace(ctx context.Context, args []string) error {
+// Run is `kubectl settlement trace` with its arguments (after "trace"): it finds what
+// the reference names, follows every link, and prints the story. red learns the
+// archive's URL when an archive is read, so that no message shows it.
+func Run(ctx context.Context, c cmdline.Env, red *archivedb.Redactor, args []string) error {
 	const cmd = "trace"
-	cf, ref, ns, cl, err := kube.Start(c.env, cmd, args, true, traceHelp,
+	cf, ref, ns, cl, err := kube.Start(c.Getenv, cmd, args, true, traceHelp,
 		"an event ID, job ID, settlement key, idempotency key or object name")
 	if err != nil {
 		return err
 	}
 	t := &tracer{cl: cl, ns: ns, events: map[string]*tracedEvent{}, jobs: map[string]*tracedJob{},
 		settlements: map[string]*tracedSettlement{}, seen: map[string]bool{}}
-	if archiveConfigured(cf, c.env) {
-		store, err := archivedb.Open(ctx, cmd, &cf.Common, c.env, c.red)
+	if archiveConfigured(cf, c.Getenv) {
+		store, err := archivedb.Open(ctx, cmd, &cf.Common, c.Getenv, red)
 		if err != nil {
 			return err
 		}
@@ -124,7 +133,7 @@ func (c *command) trace(ctx context.Context, args []string) error {
 	if err := t.follow(ctx); err != nil {
 		return err
 	}
-	w := bufio.NewWriter(c.stdout)
+	w := bufio.NewWriter(c.Stdout)
 	fmt.Fprintf(w, "Trace of %q in namespace %s: %s\n", ref, ns, strings.Join(matched, "; "))
 	t.print(w)
 	return w.Flush()
