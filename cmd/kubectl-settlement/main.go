@@ -32,6 +32,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/keys"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/replay"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/trace"
 )
 
@@ -118,7 +119,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	case "trace":
 		return trace.Run(ctx, e, red, args[1:])
 	case "replay":
-		return c.replay(ctx, args[1:])
+		return replay.Run(ctx, e, args[1:])
 	case "refund":
 		return c.refund(ctx, args[1:])
 	default:

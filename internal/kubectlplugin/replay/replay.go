@@ -1,4 +1,8 @@
-package main
+// Package replay is `kubectl settlement replay`: it replays a dead-lettered (Failed)
+// or RequiresReconciliation settlement by setting its replay annotation, and nothing
+// else, after checking that the controller would act on the replay. The controller
+// does the rest, with the same idempotency key, so a replay never charges twice.
+package replay
 
 import (
 	"context"
@@ -13,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 )
 
@@ -70,9 +75,12 @@ func stateHint(st hooksv1alpha1.SettlementState) string {
 	return ""
 }
 
-func (c *command) replay(ctx context.Context, args []string) error {
+// Run is `kubectl settlement replay` with its arguments (after "replay"): it finds the
+// settlement, refuses one the controller would not replay, and patches the annotation
+// guarded by the resourceVersion it checked.
+func Run(ctx context.Context, c cmdline.Env, args []string) error {
 	const cmd = "replay"
-	cf, ref, ns, cl, err := kube.Start(c.env, cmd, args, false, replayHelp,
+	cf, ref, ns, cl, err := kube.Start(c.Getenv, cmd, args, false, replayHelp,
 		"the settlement to replay: its name, settlement key or idempotency key")
 	if err != nil {
 		return err
@@ -109,9 +117,9 @@ func (c *command) replay(ctx context.Context, args []string) error {
 		}
 		return fmt.Errorf("annotate billingsettlement %s/%s: %w", ns, bs.Name, err)
 	}
-	fmt.Fprintf(c.stdout, "billingsettlement %s/%s annotated %s=%s\n", ns, bs.Name, hooksv1alpha1.AnnotationReplay, token)
-	fmt.Fprintln(c.stdout, whatHappensNext(before))
-	fmt.Fprintf(c.stdout, "Follow it: kubectl settlement trace %s -n %s   (or kubectl get bs %s -n %s -w)\n", bs.Name, ns, bs.Name, ns)
+	fmt.Fprintf(c.Stdout, "billingsettlement %s/%s annotated %s=%s\n", ns, bs.Name, hooksv1alpha1.AnnotationReplay, token)
+	fmt.Fprintln(c.Stdout, whatHappensNext(before))
+	fmt.Fprintf(c.Stdout, "Follow it: kubectl settlement trace %s -n %s   (or kubectl get bs %s -n %s -w)\n", bs.Name, ns, bs.Name, ns)
 	return nil
 }
 
