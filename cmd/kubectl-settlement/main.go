@@ -32,6 +32,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/keys"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/refund"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/replay"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/trace"
 )
@@ -121,7 +122,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	case "replay":
 		return replay.Run(ctx, e, args[1:])
 	case "refund":
-		return c.refund(ctx, args[1:])
+		return refund.Run(ctx, e, args[1:])
 	default:
 		return cmdline.Usagef("", "unknown command %q: want trace, replay, refund, keys or archive", args[0])
 	}

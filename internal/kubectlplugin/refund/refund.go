@@ -1,4 +1,9 @@
-package main
+// Package refund is `kubectl settlement refund`: it creates the compensating
+// BillingSettlement (type Refund) of a settled charge, named and keyed as the operator
+// derives them, so that a retried command finds the refund it made instead of
+// refunding twice. The operator checks the refund against the charge before it sends
+// it; this command refuses early what it can see.
+package refund
 
 import (
 	"context"
@@ -144,10 +149,13 @@ func validRefundID(id string) bool {
 	return !(numeric && len(id) > 1 && id[0] == '0')
 }
 
-func (c *command) refund(ctx context.Context, args []string) error {
+// Run is `kubectl settlement refund` with its arguments (after "refund"): it finds the
+// charge, checks what is left to refund, and creates the refund (or, with --dry-run,
+// says what it would create).
+func Run(ctx context.Context, c cmdline.Env, args []string) error {
 	const cmd = "refund"
 	var rf refundFlags
-	cf, ref, ns, cl, err := kube.Start(c.env, cmd, args, false, refundHelp,
+	cf, ref, ns, cl, err := kube.Start(c.Getenv, cmd, args, false, refundHelp,
 		"the charge to refund: its name, settlement key or idempotency key", rf.register)
 	if err != nil {
 		return err
@@ -218,7 +226,7 @@ func (c *command) refund(ctx context.Context, args []string) error {
 	summary := fmt.Sprintf("refund %s/%s of %s for %s (customer %s, key %s)", ns, refund.Name, charge.Name,
 		money.FormatAmount(minor, charged.Currency), charge.Spec.Customer, refund.Spec.IdempotencyKey)
 	if rf.dryRun {
-		fmt.Fprintf(c.stdout, "would create %s\n", summary)
+		fmt.Fprintf(c.Stdout, "would create %s\n", summary)
 		return nil
 	}
 	if err := cl.Create(ctx, refund); err != nil {
@@ -237,17 +245,17 @@ func (c *command) refund(ctx context.Context, args []string) error {
 					"(kubectl settlement trace %s -n %s): if it is the refund you meant, there is nothing to do. Only for a separate, "+
 					"additional refund of the same charge give another --refund-id", rf.refundID, what, existing.Name, got, existing.Name, ns)
 			}
-			fmt.Fprintf(c.stdout, "%s already exists (%s); nothing was created\n", summary, orNew(existing.Status.State))
-			fmt.Fprintf(c.stdout, "Follow it: kubectl settlement trace %s -n %s\n", refund.Name, ns)
+			fmt.Fprintf(c.Stdout, "%s already exists (%s); nothing was created\n", summary, orNew(existing.Status.State))
+			fmt.Fprintf(c.Stdout, "Follow it: kubectl settlement trace %s -n %s\n", refund.Name, ns)
 			return nil
 		case apierrors.IsForbidden(err):
 			return fmt.Errorf("not allowed to create the refund in %s (kubectl auth can-i create billingsettlements -n %s): %w", ns, ns, err)
 		}
 		return fmt.Errorf("create %s: %w", summary, err)
 	}
-	fmt.Fprintf(c.stdout, "created %s\n", summary)
-	fmt.Fprintln(c.stdout, "The operator checks it against the charge before it sends it; if it may not be sent, it waits with reason CompensationNotAllowed and says why.")
-	fmt.Fprintf(c.stdout, "Follow it: kubectl settlement trace %s -n %s   (or kubectl get bs %s -n %s -w)\n", refund.Name, ns, refund.Name, ns)
+	fmt.Fprintf(c.Stdout, "created %s\n", summary)
+	fmt.Fprintln(c.Stdout, "The operator checks it against the charge before it sends it; if it may not be sent, it waits with reason CompensationNotAllowed and says why.")
+	fmt.Fprintf(c.Stdout, "Follow it: kubectl settlement trace %s -n %s   (or kubectl get bs %s -n %s -w)\n", refund.Name, ns, refund.Name, ns)
 	return nil
 }
 
