@@ -30,6 +30,9 @@ import (
 	"syscall"
 
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archiveexport"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archiveget"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivelist"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/keys"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/refund"
@@ -106,7 +109,6 @@ Run 'kubectl settlement archive <command> --help' for a command's flags.
 `
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string, red *archivedb.Redactor) error {
-	c := &command{stdout: stdout, stderr: stderr, env: env, red: red}
 	e := cmdline.Env{Stdout: stdout, Stderr: stderr, Getenv: env}
 	if len(args) == 0 {
 		return cmdline.Usagef("", "no command given (try 'kubectl settlement archive get <ref>')")
@@ -134,11 +136,11 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	case "-h", "--help", "-help", "help":
 		return &cmdline.HelpRequested{Text: archiveHelp}
 	case "get":
-		return c.get(ctx, args[1:])
+		return archiveget.Run(ctx, e, red, args[1:])
 	case "list":
-		return c.list(ctx, args[1:])
+		return archivelist.Run(ctx, e, red, args[1:])
 	case "export":
-		return c.export(ctx, args[1:])
+		return archiveexport.Run(ctx, e, red, args[1:])
 	}
 	return cmdline.Usagef("archive", "unknown archive command %q: want get, list or export", args[0])
 }
