@@ -119,9 +119,15 @@ func Run(ctx context.Context, c cmdline.Env, red *archivedb.Redactor, args []str
 	return nil
 }
 
+// outputError is a failure to write the output (a closed pipe, a full disk), told
+// apart from a failure to read the archive.
 type outputError struct{ err error }
 
+// Error says the output could not be written, so the message is not read as the
+// archive's failure.
 func (e *outputError) Error() string { return "write the output: " + e.err.Error() }
+
+// Unwrap is the write's own error, for errors.Is and errors.As.
 func (e *outputError) Unwrap() error { return e.err }
 
 func writeErr(err error) error {

@@ -36,21 +36,33 @@ Examples:
 // derivedKeys is every name and key one reference can stand for. The JSON names are
 // part of the command's output contract.
 type derivedKeys struct {
+	// Namespace is the namespace the names are derived for.
 	Namespace string `json:"namespace"`
-	Provider  string `json:"provider"`
+	// Provider is the webhook provider the names are derived for.
+	Provider string `json:"provider"`
+	// Reference is the reference as given, shown under each reading.
 	Reference string `json:"reference"`
-	// As an event ID.
+	// EventName is the WebhookEvent of the reference as an event ID.
 	EventName string `json:"eventName"`
-	// As a job ID.
-	JobCompletionName    string `json:"jobCompletionName"`
-	JobSettlementKey     string `json:"jobSettlementKey"`
-	JobSettlementName    string `json:"jobSettlementName"`
-	JobIdempotencyKey    string `json:"jobIdempotencyKey"`
-	LegacyJobSettleKey   string `json:"legacyJobSettlementKey"`
+	// JobCompletionName is the JobCompletion of the reference as a job ID.
+	JobCompletionName string `json:"jobCompletionName"`
+	// JobSettlementKey is the settlement key of the job's charge (no keyFrom).
+	JobSettlementKey string `json:"jobSettlementKey"`
+	// JobSettlementName is the BillingSettlement of the job's charge.
+	JobSettlementName string `json:"jobSettlementName"`
+	// JobIdempotencyKey is the idempotency key of the job's charge.
+	JobIdempotencyKey string `json:"jobIdempotencyKey"`
+	// LegacyJobSettleKey is the job's settlement key from before keys were bound to
+	// the namespace, which older settlements still carry.
+	LegacyJobSettleKey string `json:"legacyJobSettlementKey"`
+	// LegacyJobIdempotency is the idempotency key of LegacyJobSettleKey, likewise.
 	LegacyJobIdempotency string `json:"legacyJobIdempotencyKey"`
-	// As a settlement key.
-	SettlementName       string `json:"settlementName"`
-	IdempotencyKey       string `json:"idempotencyKey"`
+	// SettlementName is the BillingSettlement of the reference as a settlement key.
+	SettlementName string `json:"settlementName"`
+	// IdempotencyKey is the idempotency key of the reference as a settlement key.
+	IdempotencyKey string `json:"idempotencyKey"`
+	// LegacyIdempotencyKey is that idempotency key from before keys were bound to the
+	// namespace, which older settlements still carry.
 	LegacyIdempotencyKey string `json:"legacyIdempotencyKey"`
 	// Note says when a structured settlement key names another namespace or provider.
 	Note string `json:"note,omitempty"`

@@ -55,6 +55,7 @@ type source struct {
 	archivedAt time.Time
 }
 
+// String is where the record came from, as its heading in the trace says it.
 func (s source) String() string {
 	if s.archived {
 		return "from the archive, archived " + ts(s.archivedAt)
