@@ -108,6 +108,8 @@ Commands:
 Run 'kubectl settlement archive <command> --help' for a command's flags.
 `
 
+// dispatch picks the command the arguments name and runs it; each command's logic is in
+// its package under internal/kubectlplugin.
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string, red *archivedb.Redactor) error {
 	e := cmdline.Env{Stdout: stdout, Stderr: stderr, Getenv: env}
 	if len(args) == 0 {
