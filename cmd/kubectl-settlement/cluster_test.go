@@ -32,6 +32,8 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
 
@@ -66,7 +68,7 @@ func cluster(t *testing.T) (client.Client, string, *rest.Config) {
 	if clusterErr != nil {
 		t.Fatalf("start the API server: %v", clusterErr)
 	}
-	cl, err := client.New(clusterCfg, client.Options{Scheme: scheme})
+	cl, err := client.New(clusterCfg, client.Options{Scheme: kube.Scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +355,7 @@ func TestTraceWithArchive(t *testing.T) {
 	cl, ns, cfg := cluster(t)
 	n := story(t, cl, ns, false) // the event is only in the archive
 	env := kubeEnv(t, cfg, "")
-	env[EnvArchiveURL] = archiveURL
+	env[archivedb.EnvArchiveURL] = archiveURL
 	for _, ref := range []string{"job-7781", "evt_1"} {
 		r := cli(t, env, "trace", ref, "-n", ns, "--provider", "inference")
 		if r.code != 0 {
@@ -367,7 +369,7 @@ func TestTraceWithArchive(t *testing.T) {
 		}
 	}
 	// Without the archive the event is named as linked but not found.
-	delete(env, EnvArchiveURL)
+	delete(env, archivedb.EnvArchiveURL)
 	r := cli(t, env, "trace", "job-7781", "-n", ns, "--provider", "inference")
 	if r.code != 0 || !strings.Contains(r.stdout, "Linked but not found in the cluster (no archive configured):\n  WebhookEvent "+n.event) {
 		t.Fatalf("without the archive: %d %s %s", r.code, r.stdout, r.stderr)
@@ -421,7 +423,7 @@ func TestReplay(t *testing.T) {
 	// The controller, as the manager runs it.
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	m, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+	m, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: kube.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
 	if err != nil {
 		t.Fatal(err)

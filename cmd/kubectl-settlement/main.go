@@ -28,6 +28,16 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archiveexport"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archiveget"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivelist"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/keys"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/refund"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/replay"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/trace"
 )
 
 const (
@@ -43,45 +53,27 @@ func main() {
 	os.Exit(code)
 }
 
-// usageError is a command line that cannot be run: exit status 2, with a pointer to
-// the command's help.
-type usageError struct {
-	cmd string // e.g. "archive get"
-	err error
-}
-
-func (e *usageError) Error() string { return e.err.Error() }
-
-func usagef(cmd, format string, args ...any) error {
-	return &usageError{cmd: cmd, err: fmt.Errorf(format, args...)}
-}
-
-// helpRequested is -h or --help: the help goes to stdout, exit status 0.
-type helpRequested struct{ text string }
-
-func (h *helpRequested) Error() string { return "help requested" }
-
 // run is the whole command: arguments in, output out, exit status back. env stands for
 // os.Getenv, so tests choose the environment.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string) int {
 	// Whatever fails, an error message never repeats the archive's URL or password:
 	// every message passes through the redactor once the URL is known.
-	red := &redactor{}
+	red := &archivedb.Redactor{}
 	err := dispatch(ctx, args, stdout, stderr, env, red)
-	var help *helpRequested
-	var usage *usageError
+	var help *cmdline.HelpRequested
+	var usage *cmdline.UsageError
 	switch {
 	case err == nil:
 		return exitOK
 	case errors.As(err, &help):
-		fmt.Fprint(stdout, help.text)
+		fmt.Fprint(stdout, help.Text)
 		return exitOK
 	case errors.As(err, &usage):
-		fmt.Fprintln(stderr, "error: "+red.clean(usage.Error()))
-		fmt.Fprintf(stderr, "See '%s --help' for usage.\n", strings.TrimSpace("kubectl settlement "+usage.cmd))
+		fmt.Fprintln(stderr, "error: "+red.Clean(usage.Error()))
+		fmt.Fprintf(stderr, "See '%s --help' for usage.\n", strings.TrimSpace("kubectl settlement "+usage.Cmd))
 		return exitUsage
 	default:
-		fmt.Fprintln(stderr, "error: "+red.clean(err.Error()))
+		fmt.Fprintln(stderr, "error: "+red.Clean(err.Error()))
 		return exitFail
 	}
 }
@@ -116,39 +108,41 @@ Commands:
 Run 'kubectl settlement archive <command> --help' for a command's flags.
 `
 
-func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string, red *redactor) error {
-	c := &command{stdout: stdout, stderr: stderr, env: env, red: red}
+// dispatch picks the command the arguments name and runs it; each command's logic is in
+// its package under internal/kubectlplugin.
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string, red *archivedb.Redactor) error {
+	e := cmdline.Env{Stdout: stdout, Stderr: stderr, Getenv: env}
 	if len(args) == 0 {
-		return usagef("", "no command given (try 'kubectl settlement archive get <ref>')")
+		return cmdline.Usagef("", "no command given (try 'kubectl settlement archive get <ref>')")
 	}
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
-		return &helpRequested{text: topHelp}
+		return &cmdline.HelpRequested{Text: topHelp}
 	case "archive":
 	case "keys":
-		return c.keys(ctx, args[1:])
+		return keys.Run(ctx, e, args[1:])
 	case "trace":
-		return c.trace(ctx, args[1:])
+		return trace.Run(ctx, e, red, args[1:])
 	case "replay":
-		return c.replay(ctx, args[1:])
+		return replay.Run(ctx, e, args[1:])
 	case "refund":
-		return c.refund(ctx, args[1:])
+		return refund.Run(ctx, e, args[1:])
 	default:
-		return usagef("", "unknown command %q: want trace, replay, refund, keys or archive", args[0])
+		return cmdline.Usagef("", "unknown command %q: want trace, replay, refund, keys or archive", args[0])
 	}
 	args = args[1:]
 	if len(args) == 0 {
-		return usagef("archive", "no archive command given: get, list or export")
+		return cmdline.Usagef("archive", "no archive command given: get, list or export")
 	}
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
-		return &helpRequested{text: archiveHelp}
+		return &cmdline.HelpRequested{Text: archiveHelp}
 	case "get":
-		return c.get(ctx, args[1:])
+		return archiveget.Run(ctx, e, red, args[1:])
 	case "list":
-		return c.list(ctx, args[1:])
+		return archivelist.Run(ctx, e, red, args[1:])
 	case "export":
-		return c.export(ctx, args[1:])
+		return archiveexport.Run(ctx, e, red, args[1:])
 	}
-	return usagef("archive", "unknown archive command %q: want get, list or export", args[0])
+	return cmdline.Usagef("archive", "unknown archive command %q: want get, list or export", args[0])
 }

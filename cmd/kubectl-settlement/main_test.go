@@ -22,6 +22,8 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/archive/pgtest"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/printers"
 )
 
 var server *pgtest.Server
@@ -156,7 +158,7 @@ func cli(t *testing.T, env map[string]string, args ...string) result {
 	return r
 }
 
-func dbEnv(url string) map[string]string { return map[string]string{EnvArchiveURL: url} }
+func dbEnv(url string) map[string]string { return map[string]string{archivedb.EnvArchiveURL: url} }
 
 func lines(s string) []string { return strings.Split(strings.TrimRight(s, "\n"), "\n") }
 
@@ -222,7 +224,7 @@ func TestGetByEveryKindOfReference(t *testing.T) {
 		t.Fatalf("refund row %v", f)
 	}
 	r = cli(t, env, "archive", "get", "stl-f", "-n", "tenant-a")
-	if f := fields(lines(r.stdout)[1]); f[5] != "Failed" || f[7] != none {
+	if f := fields(lines(r.stdout)[1]); f[5] != "Failed" || f[7] != printers.None {
 		t.Fatalf("an empty PROVIDER-REF is <none>: %v", f)
 	}
 
@@ -457,7 +459,7 @@ func TestBadCommandLines(t *testing.T) {
 		}
 	}
 	// No database configured at all.
-	if r := cli(t, nil, "archive", "list", "-A"); r.code != 2 || !strings.Contains(r.stderr, EnvArchiveURL) {
+	if r := cli(t, nil, "archive", "list", "-A"); r.code != 2 || !strings.Contains(r.stderr, archivedb.EnvArchiveURL) {
 		t.Fatalf("no database: %d %s", r.code, r.stderr)
 	}
 	// Help is not an error.
@@ -500,9 +502,9 @@ func TestTheURLIsNeverPrinted(t *testing.T) {
 		t.Fatalf("an unmigrated database says so: %s", r.stderr)
 	}
 	// The redactor itself, for a message that would carry them.
-	red := &redactor{}
-	red.add(closed)
-	if got := red.clean("dial " + closed + " as postgres:" + password); strings.Contains(got, password) || strings.Contains(got, "127.0.0.1:1/x") {
+	red := &archivedb.Redactor{}
+	red.Add(closed)
+	if got := red.Clean("dial " + closed + " as postgres:" + password); strings.Contains(got, password) || strings.Contains(got, "127.0.0.1:1/x") {
 		t.Fatalf("redactor: %s", got)
 	}
 }
@@ -599,9 +601,9 @@ func TestFromSecret(t *testing.T) {
 		}
 	}
 	// --from-secret wins over the environment variable.
-	env[EnvArchiveURL] = "postgres://postgres:" + password + "@127.0.0.1:1/x"
+	env[archivedb.EnvArchiveURL] = "postgres://postgres:" + password + "@127.0.0.1:1/x"
 	if r := cli(t, env, "archive", "get", "stl-a", "--from-secret", "ops/archive-db"); r.code != 0 {
-		t.Fatalf("--from-secret over %s: %d %s", EnvArchiveURL, r.code, r.stderr)
+		t.Fatalf("--from-secret over %s: %d %s", archivedb.EnvArchiveURL, r.code, r.stderr)
 	}
 }
 
@@ -615,7 +617,7 @@ func TestDefaultNamespace(t *testing.T) {
 		}
 		return fields(lines(r.stdout)[1])[0] + " " + fields(lines(r.stdout)[1])[3]
 	}
-	env := map[string]string{EnvArchiveURL: url, "KUBECONFIG": cfg}
+	env := map[string]string{archivedb.EnvArchiveURL: url, "KUBECONFIG": cfg}
 	// The context's namespace (tenant-a's stl-a is usage-priced, tenant-b's 100 USD).
 	if got := first(cli(t, env, "archive", "get", "stl-a")); got != "stl-a 1523" {
 		t.Fatalf("current context: %s", got)
@@ -627,34 +629,11 @@ func TestDefaultNamespace(t *testing.T) {
 	if r := cli(t, env, "archive", "list", "--context", "plain"); !strings.Contains(r.stderr, "in default namespace") {
 		t.Fatalf("a context without a namespace: %d %s", r.code, r.stderr)
 	}
-	if r := cli(t, map[string]string{EnvArchiveURL: url, "HOME": t.TempDir()}, "archive", "list"); !strings.Contains(r.stderr, "in default namespace") {
+	if r := cli(t, map[string]string{archivedb.EnvArchiveURL: url, "HOME": t.TempDir()}, "archive", "list"); !strings.Contains(r.stderr, "in default namespace") {
 		t.Fatalf("no kubeconfig: %d %s", r.code, r.stderr)
 	}
 	// An explicit kubeconfig that does not exist is an error, not "default".
 	if r := cli(t, dbEnv(url), "archive", "list", "--kubeconfig", "/nonexistent/config"); r.code != 1 || !strings.Contains(r.stderr, "kubeconfig") {
 		t.Fatalf("a missing --kubeconfig: %d %s", r.code, r.stderr)
-	}
-}
-
-func TestParseTime(t *testing.T) {
-	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	for in, want := range map[string]time.Time{
-		"2026-11-01T00:00:00Z":      nov,
-		"2026-11-01T01:00:00+01:00": nov,
-		"2026-11-01T00:00:00.5Z":    nov.Add(500 * time.Millisecond),
-		"2026-11-01":                nov,
-		"24h":                       now.Add(-24 * time.Hour),
-		"90m":                       now.Add(-90 * time.Minute),
-		"7d":                        now.Add(-7 * 24 * time.Hour),
-	} {
-		got, err := parseTime("since", in, now)
-		if err != nil || !got.Equal(want) || got.Location() != time.UTC {
-			t.Errorf("%s: %v %v, want %v", in, got, err, want)
-		}
-	}
-	for _, bad := range []string{"", "0s", "-1h", "1w", "d", "2026-13-01", "tomorrow"} {
-		if _, err := parseTime("since", bad, now); err == nil {
-			t.Errorf("%q must be refused", bad)
-		}
 	}
 }

@@ -1,4 +1,9 @@
-package main
+// Package trace is `kubectl settlement trace`: the whole story of an event, a job or a
+// settlement (the WebhookEvents, the JobCompletion, the BillingSettlements with the
+// refunds and voids that reverse them) followed through the links the operator
+// writes, from the cluster and, when one is configured, from the archive. It only
+// reads.
+package trace
 
 import (
 	"bufio"
@@ -15,6 +20,9 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 )
 
 const traceHelp = `Print the whole story of an event, a job or a settlement: the WebhookEvent(s), the
@@ -31,7 +39,7 @@ them (kubectl settlement keys prints them): an object name; an event ID and a jo
 each webhook provider; a settlement key; then an idempotency key or settlement key of any
 settlement in the namespace; then, when an archive is configured, everything the archive
 holds under it. When nothing matches, the message lists what was tried.
-` + clusterHelp + `
+` + kube.Help + `
 Archive (optional; the same as for 'archive get'):
   --database-url URL, --from-secret NS/NAME[/KEY], or SETTLEMENT_ARCHIVE_URL
   Records no longer in the cluster are read from the archive, read-only.
@@ -47,6 +55,7 @@ type source struct {
 	archivedAt time.Time
 }
 
+// String is where the record came from, as its heading in the trace says it.
 func (s source) String() string {
 	if s.archived {
 		return "from the archive, archived " + ts(s.archivedAt)
@@ -85,24 +94,27 @@ type tracer struct {
 	queue       []string // "kind/name" still to read
 }
 
-func (c *command) trace(ctx context.Context, args []string) error {
+// Run is `kubectl settlement trace` with its arguments (after "trace"): it finds what
+// the reference names, follows every link, and prints the story. red learns the
+// archive's URL when an archive is read, so that no message shows it.
+func Run(ctx context.Context, c cmdline.Env, red *archivedb.Redactor, args []string) error {
 	const cmd = "trace"
-	cf, ref, ns, cl, err := c.clusterCommand(cmd, args, true, traceHelp,
+	cf, ref, ns, cl, err := kube.Start(c.Getenv, cmd, args, true, traceHelp,
 		"an event ID, job ID, settlement key, idempotency key or object name")
 	if err != nil {
 		return err
 	}
 	t := &tracer{cl: cl, ns: ns, events: map[string]*tracedEvent{}, jobs: map[string]*tracedJob{},
 		settlements: map[string]*tracedSettlement{}, seen: map[string]bool{}}
-	if cf.archiveConfigured(c.env) {
-		store, err := openArchive(ctx, cmd, &cf.common, c.env, c.red)
+	if archiveConfigured(cf, c.Getenv) {
+		store, err := archivedb.Open(ctx, cmd, &cf.Common, c.Getenv, red)
 		if err != nil {
 			return err
 		}
 		defer store.Close()
 		t.store = store
 	}
-	providers, err := webhookProviders(ctx, cl, ns, cf.provider)
+	providers, err := kube.WebhookProviders(ctx, cl, ns, cf.Provider)
 	if err != nil {
 		return err
 	}
@@ -122,10 +134,16 @@ func (c *command) trace(ctx context.Context, args []string) error {
 	if err := t.follow(ctx); err != nil {
 		return err
 	}
-	w := bufio.NewWriter(c.stdout)
+	w := bufio.NewWriter(c.Stdout)
 	fmt.Fprintf(w, "Trace of %q in namespace %s: %s\n", ref, ns, strings.Join(matched, "; "))
 	t.print(w)
 	return w.Flush()
+}
+
+// archiveConfigured reports whether trace should read the archive too: a flag, or the
+// environment variable, names one.
+func archiveConfigured(cf *kube.Flags, env func(string) string) bool {
+	return cf.Common.DatabaseURL != "" || cf.Common.FromSecret != "" || env(archivedb.EnvArchiveURL) != ""
 }
 
 // resolve tries every reading of ref and queues what matches. matched says which
@@ -186,7 +204,7 @@ func (t *tracer) resolve(ctx context.Context, ref string, providers []string) (m
 	}
 	if len(matched) == 0 {
 		tried = append(tried, "every BillingSettlement of the namespace whose settlement key or idempotency key is the reference")
-		found, err := findSettlements(ctx, t.cl, t.ns, func(bs *hooksv1alpha1.BillingSettlement) bool {
+		found, err := kube.FindSettlements(ctx, t.cl, t.ns, func(bs *hooksv1alpha1.BillingSettlement) bool {
 			return bs.Spec.SettlementKey == ref || bs.Spec.IdempotencyKey == ref
 		})
 		if err != nil {
@@ -261,17 +279,17 @@ func (t *tracer) read(ctx context.Context, kind, name string) (bool, error) {
 	switch kind {
 	case kindEvent:
 		var o hooksv1alpha1.WebhookEvent
-		if ok, err = getIfExists(ctx, t.cl, t.ns, name, &o); ok {
+		if ok, err = kube.GetIfExists(ctx, t.cl, t.ns, name, &o); ok {
 			t.events[name] = &tracedEvent{obj: o}
 		}
 	case kindJob:
 		var o hooksv1alpha1.JobCompletion
-		if ok, err = getIfExists(ctx, t.cl, t.ns, name, &o); ok {
+		if ok, err = kube.GetIfExists(ctx, t.cl, t.ns, name, &o); ok {
 			t.jobs[name] = &tracedJob{obj: o}
 		}
 	case kindSettlement:
 		var o hooksv1alpha1.BillingSettlement
-		if ok, err = getIfExists(ctx, t.cl, t.ns, name, &o); ok {
+		if ok, err = kube.GetIfExists(ctx, t.cl, t.ns, name, &o); ok {
 			t.settlements[name] = &tracedSettlement{obj: o}
 		}
 	}

@@ -1,4 +1,8 @@
-package main
+// Package replay is `kubectl settlement replay`: it replays a dead-lettered (Failed)
+// or RequiresReconciliation settlement by setting its replay annotation, and nothing
+// else, after checking that the controller would act on the replay. The controller
+// does the rest, with the same idempotency key, so a replay never charges twice.
+package replay
 
 import (
 	"context"
@@ -13,7 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
-	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 )
 
 const replayHelp = `Replay a dead-lettered (Failed) or RequiresReconciliation settlement: set its
@@ -28,7 +33,7 @@ archived duplicate is not annotated: the controller would ignore the replay.
 
 Usage:
   kubectl settlement replay <settlement-name|settlement-key|idempotency-key> [-n NS] [--provider NAME]
-` + clusterHelp + `
+` + kube.Help + `
 Examples:
   kubectl settlement replay inference-stl-6f1c0d9e8b7a6f5e4d3c2b1a0f9e8d7c -n tenant-a
   kubectl settlement replay '["job","tenant-a","inference","job-7781"]' -n tenant-a
@@ -70,14 +75,17 @@ func stateHint(st hooksv1alpha1.SettlementState) string {
 	return ""
 }
 
-func (c *command) replay(ctx context.Context, args []string) error {
+// Run is `kubectl settlement replay` with its arguments (after "replay"): it finds the
+// settlement, refuses one the controller would not replay, and patches the annotation
+// guarded by the resourceVersion it checked.
+func Run(ctx context.Context, c cmdline.Env, args []string) error {
 	const cmd = "replay"
-	cf, ref, ns, cl, err := c.clusterCommand(cmd, args, false, replayHelp,
+	cf, ref, ns, cl, err := kube.Start(c.Getenv, cmd, args, false, replayHelp,
 		"the settlement to replay: its name, settlement key or idempotency key")
 	if err != nil {
 		return err
 	}
-	bs, tried, err := resolveSettlement(ctx, cl, ns, cf.provider, ref)
+	bs, tried, err := kube.ResolveSettlement(ctx, cl, ns, cf.Provider, ref)
 	if err != nil {
 		return err
 	}
@@ -109,9 +117,9 @@ func (c *command) replay(ctx context.Context, args []string) error {
 		}
 		return fmt.Errorf("annotate billingsettlement %s/%s: %w", ns, bs.Name, err)
 	}
-	fmt.Fprintf(c.stdout, "billingsettlement %s/%s annotated %s=%s\n", ns, bs.Name, hooksv1alpha1.AnnotationReplay, token)
-	fmt.Fprintln(c.stdout, whatHappensNext(before))
-	fmt.Fprintf(c.stdout, "Follow it: kubectl settlement trace %s -n %s   (or kubectl get bs %s -n %s -w)\n", bs.Name, ns, bs.Name, ns)
+	fmt.Fprintf(c.Stdout, "billingsettlement %s/%s annotated %s=%s\n", ns, bs.Name, hooksv1alpha1.AnnotationReplay, token)
+	fmt.Fprintln(c.Stdout, whatHappensNext(before))
+	fmt.Fprintf(c.Stdout, "Follow it: kubectl settlement trace %s -n %s   (or kubectl get bs %s -n %s -w)\n", bs.Name, ns, bs.Name, ns)
 	return nil
 }
 
@@ -154,58 +162,4 @@ func replayToken(now time.Time) (string, error) {
 		return "", fmt.Errorf("make a replay token: %w", err)
 	}
 	return "kubectl-settlement-" + now.UTC().Format("20060102t150405z") + "-" + hex.EncodeToString(r[:]), nil
-}
-
-// resolveSettlement finds the settlement ref names: by object name, by the name derived
-// from ref as a settlement key (for a structured key from the key itself, else for each
-// webhook provider), else by a list matching the settlement key or idempotency key.
-// tried says what was looked for, for the message when nothing matches.
-func resolveSettlement(ctx context.Context, cl client.Client, ns, provider, ref string) (*hooksv1alpha1.BillingSettlement, []string, error) {
-	var tried []string
-	try := func(name, why string) (*hooksv1alpha1.BillingSettlement, error) {
-		for _, t := range tried {
-			if strings.HasPrefix(t, "BillingSettlement "+name+" ") {
-				return nil, nil
-			}
-		}
-		tried = append(tried, "BillingSettlement "+name+" ("+why+")")
-		var bs hooksv1alpha1.BillingSettlement
-		ok, err := getIfExists(ctx, cl, ns, name, &bs)
-		if !ok || err != nil {
-			return nil, err
-		}
-		// A name derived from a key must hold that key: a settlement that merely
-		// shares the name is not the one asked for.
-		if why != "object name" && bs.Spec.SettlementKey != ref {
-			return nil, nil
-		}
-		return &bs, nil
-	}
-	if bs, err := try(ref, "object name"); bs != nil || err != nil {
-		return bs, tried, err
-	}
-	if k, ok := identity.ParseSettlementKey(ref); ok {
-		if bs, err := try(identity.SettlementNameFor(k.Provider, ref), "settlement key"); bs != nil || err != nil {
-			return bs, tried, err
-		}
-	} else if provider != "" {
-		if bs, err := try(identity.SettlementName(provider, ref), "settlement key of webhook provider "+provider); bs != nil || err != nil {
-			return bs, tried, err
-		}
-	}
-	tried = append(tried, "every BillingSettlement of the namespace whose settlement key or idempotency key is the reference")
-	found, err := findSettlements(ctx, cl, ns, func(bs *hooksv1alpha1.BillingSettlement) bool {
-		return bs.Spec.SettlementKey == ref || bs.Spec.IdempotencyKey == ref
-	})
-	if err != nil || len(found) == 0 {
-		return nil, tried, err
-	}
-	if len(found) > 1 {
-		names := make([]string, len(found))
-		for i := range found {
-			names[i] = found[i].Name
-		}
-		return nil, tried, fmt.Errorf("%q matches %d settlements (%s): give the name", ref, len(found), strings.Join(names, ", "))
-	}
-	return &found[0], tried, nil
 }

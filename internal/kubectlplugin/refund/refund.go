@@ -1,4 +1,9 @@
-package main
+// Package refund is `kubectl settlement refund`: it creates the compensating
+// BillingSettlement (type Refund) of a settled charge, named and keyed as the operator
+// derives them, so that a retried command finds the refund it made instead of
+// refunding twice. The operator checks the refund against the charge before it sends
+// it; this command refuses early what it can see.
+package refund
 
 import (
 	"context"
@@ -13,6 +18,8 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 	"github.com/settlement-operator/settlement-operator/internal/money"
 )
 
@@ -40,7 +47,7 @@ Usage:
   --refund-id ID            tells this refund apart from other refunds of the same
                             charge (default 1; lowercase letters, digits, '-', '.')
   --dry-run                 print the refund that would be created; create nothing
-` + clusterHelp + `
+` + kube.Help + `
 Examples:
   kubectl settlement refund inference-stl-6f1c0d9e8b7a6f5e4d3c2b1a0f9e8d7c --amount 12.50 -n tenant-a
   kubectl settlement refund '["job","tenant-a","inference","job-7781"]' --full -n tenant-a
@@ -142,23 +149,26 @@ func validRefundID(id string) bool {
 	return !(numeric && len(id) > 1 && id[0] == '0')
 }
 
-func (c *command) refund(ctx context.Context, args []string) error {
+// Run is `kubectl settlement refund` with its arguments (after "refund"): it finds the
+// charge, checks what is left to refund, and creates the refund (or, with --dry-run,
+// says what it would create).
+func Run(ctx context.Context, c cmdline.Env, args []string) error {
 	const cmd = "refund"
 	var rf refundFlags
-	cf, ref, ns, cl, err := c.clusterCommand(cmd, args, false, refundHelp,
+	cf, ref, ns, cl, err := kube.Start(c.Getenv, cmd, args, false, refundHelp,
 		"the charge to refund: its name, settlement key or idempotency key", rf.register)
 	if err != nil {
 		return err
 	}
 	switch {
 	case rf.amount == "" && !rf.full:
-		return usagef(cmd, "give --amount DECIMAL or --full")
+		return cmdline.Usagef(cmd, "give --amount DECIMAL or --full")
 	case rf.amount != "" && rf.full:
-		return usagef(cmd, "give --amount or --full, not both")
+		return cmdline.Usagef(cmd, "give --amount or --full, not both")
 	case !validRefundID(rf.refundID):
-		return usagef(cmd, "--refund-id %q: want 1 to 63 lowercase letters, digits, '-' or '.' (a number without leading zeros)", rf.refundID)
+		return cmdline.Usagef(cmd, "--refund-id %q: want 1 to 63 lowercase letters, digits, '-' or '.' (a number without leading zeros)", rf.refundID)
 	}
-	charge, tried, err := resolveSettlement(ctx, cl, ns, cf.provider, ref)
+	charge, tried, err := kube.ResolveSettlement(ctx, cl, ns, cf.Provider, ref)
 	if err != nil {
 		return err
 	}
@@ -197,7 +207,7 @@ func (c *command) refund(ctx context.Context, args []string) error {
 	minor := left
 	if !rf.full {
 		if minor, err = money.ParseAmount(rf.amount, charged.Currency); err != nil {
-			return usagef(cmd, "--amount: %v", err)
+			return cmdline.Usagef(cmd, "--amount: %v", err)
 		}
 	}
 	switch {
@@ -216,7 +226,7 @@ func (c *command) refund(ctx context.Context, args []string) error {
 	summary := fmt.Sprintf("refund %s/%s of %s for %s (customer %s, key %s)", ns, refund.Name, charge.Name,
 		money.FormatAmount(minor, charged.Currency), charge.Spec.Customer, refund.Spec.IdempotencyKey)
 	if rf.dryRun {
-		fmt.Fprintf(c.stdout, "would create %s\n", summary)
+		fmt.Fprintf(c.Stdout, "would create %s\n", summary)
 		return nil
 	}
 	if err := cl.Create(ctx, refund); err != nil {
@@ -235,17 +245,17 @@ func (c *command) refund(ctx context.Context, args []string) error {
 					"(kubectl settlement trace %s -n %s): if it is the refund you meant, there is nothing to do. Only for a separate, "+
 					"additional refund of the same charge give another --refund-id", rf.refundID, what, existing.Name, got, existing.Name, ns)
 			}
-			fmt.Fprintf(c.stdout, "%s already exists (%s); nothing was created\n", summary, orNew(existing.Status.State))
-			fmt.Fprintf(c.stdout, "Follow it: kubectl settlement trace %s -n %s\n", refund.Name, ns)
+			fmt.Fprintf(c.Stdout, "%s already exists (%s); nothing was created\n", summary, orNew(existing.Status.State))
+			fmt.Fprintf(c.Stdout, "Follow it: kubectl settlement trace %s -n %s\n", refund.Name, ns)
 			return nil
 		case apierrors.IsForbidden(err):
 			return fmt.Errorf("not allowed to create the refund in %s (kubectl auth can-i create billingsettlements -n %s): %w", ns, ns, err)
 		}
 		return fmt.Errorf("create %s: %w", summary, err)
 	}
-	fmt.Fprintf(c.stdout, "created %s\n", summary)
-	fmt.Fprintln(c.stdout, "The operator checks it against the charge before it sends it; if it may not be sent, it waits with reason CompensationNotAllowed and says why.")
-	fmt.Fprintf(c.stdout, "Follow it: kubectl settlement trace %s -n %s   (or kubectl get bs %s -n %s -w)\n", refund.Name, ns, refund.Name, ns)
+	fmt.Fprintf(c.Stdout, "created %s\n", summary)
+	fmt.Fprintln(c.Stdout, "The operator checks it against the charge before it sends it; if it may not be sent, it waits with reason CompensationNotAllowed and says why.")
+	fmt.Fprintf(c.Stdout, "Follow it: kubectl settlement trace %s -n %s   (or kubectl get bs %s -n %s -w)\n", refund.Name, ns, refund.Name, ns)
 	return nil
 }
 

@@ -1,4 +1,8 @@
-package main
+// Package keys is `kubectl settlement keys`: it prints the names and keys the operator
+// derives from an event ID, a job ID or a settlement key, computed with
+// internal/identity (the operator's own functions), so that nobody computes a hash by
+// hand. It reads the cluster only for the namespace's webhook providers.
+package keys
 
 import (
 	"bufio"
@@ -6,9 +10,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"strings"
 
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/printers"
 )
 
 const keysHelp = `Print the names and keys the operator derives from an event ID, a job ID or a
@@ -19,7 +25,7 @@ Usage:
   kubectl settlement keys <event-id|job-id|settlement-key> [-n NS] [--provider NAME] [-o json]
 
   -o, --output json         one JSON object per webhook provider, in a list
-` + clusterHelp + `
+` + kube.Help + `
 Without --provider the namespace's WebhookProviders are read from the cluster.
 
 Examples:
@@ -30,21 +36,33 @@ Examples:
 // derivedKeys is every name and key one reference can stand for. The JSON names are
 // part of the command's output contract.
 type derivedKeys struct {
+	// Namespace is the namespace the names are derived for.
 	Namespace string `json:"namespace"`
-	Provider  string `json:"provider"`
+	// Provider is the webhook provider the names are derived for.
+	Provider string `json:"provider"`
+	// Reference is the reference as given, shown under each reading.
 	Reference string `json:"reference"`
-	// As an event ID.
+	// EventName is the WebhookEvent of the reference as an event ID.
 	EventName string `json:"eventName"`
-	// As a job ID.
-	JobCompletionName    string `json:"jobCompletionName"`
-	JobSettlementKey     string `json:"jobSettlementKey"`
-	JobSettlementName    string `json:"jobSettlementName"`
-	JobIdempotencyKey    string `json:"jobIdempotencyKey"`
-	LegacyJobSettleKey   string `json:"legacyJobSettlementKey"`
+	// JobCompletionName is the JobCompletion of the reference as a job ID.
+	JobCompletionName string `json:"jobCompletionName"`
+	// JobSettlementKey is the settlement key of the job's charge (no keyFrom).
+	JobSettlementKey string `json:"jobSettlementKey"`
+	// JobSettlementName is the BillingSettlement of the job's charge.
+	JobSettlementName string `json:"jobSettlementName"`
+	// JobIdempotencyKey is the idempotency key of the job's charge.
+	JobIdempotencyKey string `json:"jobIdempotencyKey"`
+	// LegacyJobSettleKey is the job's settlement key from before keys were bound to
+	// the namespace, which older settlements still carry.
+	LegacyJobSettleKey string `json:"legacyJobSettlementKey"`
+	// LegacyJobIdempotency is the idempotency key of LegacyJobSettleKey, likewise.
 	LegacyJobIdempotency string `json:"legacyJobIdempotencyKey"`
-	// As a settlement key.
-	SettlementName       string `json:"settlementName"`
-	IdempotencyKey       string `json:"idempotencyKey"`
+	// SettlementName is the BillingSettlement of the reference as a settlement key.
+	SettlementName string `json:"settlementName"`
+	// IdempotencyKey is the idempotency key of the reference as a settlement key.
+	IdempotencyKey string `json:"idempotencyKey"`
+	// LegacyIdempotencyKey is that idempotency key from before keys were bound to the
+	// namespace, which older settlements still carry.
 	LegacyIdempotencyKey string `json:"legacyIdempotencyKey"`
 	// Note says when a structured settlement key names another namespace or provider.
 	Note string `json:"note,omitempty"`
@@ -76,39 +94,41 @@ func derive(ns, provider, ref string) derivedKeys {
 	return d
 }
 
-func (c *command) keys(ctx context.Context, args []string) error {
+// Run is `kubectl settlement keys` with its arguments (after "keys"): it prints every
+// reading of one reference, for each webhook provider, as text or -o json.
+func Run(ctx context.Context, c cmdline.Env, args []string) error {
 	const cmd = "keys"
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	var cf clusterFlags
-	cf.register(fs, false)
+	var cf kube.Flags
+	cf.Register(fs, false)
 	var output string
 	fs.StringVar(&output, "o", "", "")
 	fs.StringVar(&output, "output", "", "")
-	pos, set, err := parse(cmd, fs, args, keysHelp)
+	pos, set, err := cmdline.Parse(cmd, fs, args, keysHelp)
 	if err != nil {
 		return err
 	}
-	if err := cf.validate(cmd, set); err != nil {
+	if err := cf.Validate(cmd, set); err != nil {
 		return err
 	}
-	ref, err := oneReference(cmd, pos, "an event ID, job ID or settlement key")
+	ref, err := cmdline.OneReference(cmd, pos, "an event ID, job ID or settlement key")
 	if err != nil {
 		return err
 	}
 	if output != "" && output != "json" {
-		return usagef(cmd, "--output %q: want json (or nothing, for text)", output)
+		return cmdline.Usagef(cmd, "--output %q: want json (or nothing, for text)", output)
 	}
-	ns, err := namespace(&cf.common, c.env)
+	ns, err := kube.Namespace(&cf.Common, c.Getenv)
 	if err != nil {
 		return err
 	}
-	providers := []string{cf.provider}
-	if cf.provider == "" {
-		cl, err := kubeClient(&cf.common, c.env)
+	providers := []string{cf.Provider}
+	if cf.Provider == "" {
+		cl, err := kube.Client(&cf.Common, c.Getenv)
 		if err != nil {
 			return err
 		}
-		if providers, err = webhookProviders(ctx, cl, ns, ""); err != nil {
+		if providers, err = kube.WebhookProviders(ctx, cl, ns, ""); err != nil {
 			return err
 		}
 		if len(providers) == 0 {
@@ -119,7 +139,7 @@ func (c *command) keys(ctx context.Context, args []string) error {
 	for i, p := range providers {
 		all[i] = derive(ns, p, ref)
 	}
-	w := bufio.NewWriter(c.stdout)
+	w := bufio.NewWriter(c.Stdout)
 	if output == "json" {
 		b, err := json.MarshalIndent(all, "", "    ")
 		if err != nil {
@@ -139,7 +159,7 @@ func (c *command) keys(ctx context.Context, args []string) error {
 
 func printKeys(w *bufio.Writer, d derivedKeys) {
 	fmt.Fprintf(w, "Namespace %q, webhook provider %q, reference %q\n", d.Namespace, d.Provider, d.Reference)
-	tw := table(w)
+	tw := printers.Table(w)
 	fmt.Fprintln(tw, "As an event ID:")
 	fmt.Fprintf(tw, "  WebhookEvent\t%s\n", d.EventName)
 	fmt.Fprintln(tw, "As a job ID:")
@@ -156,17 +176,4 @@ func printKeys(w *bufio.Writer, d derivedKeys) {
 	if d.Note != "" {
 		fmt.Fprintln(w, "Note: "+d.Note)
 	}
-}
-
-// oneReference is the single positional argument of keys, trace and replay.
-func oneReference(cmd string, pos []string, what string) (string, error) {
-	switch {
-	case len(pos) == 0:
-		return "", usagef(cmd, "give %s", what)
-	case len(pos) > 1:
-		return "", usagef(cmd, "give one reference, got %d: %s", len(pos), strings.Join(pos, " "))
-	case pos[0] == "":
-		return "", usagef(cmd, "the reference is empty")
-	}
-	return pos[0], nil
 }
