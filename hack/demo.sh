@@ -11,7 +11,7 @@
 # reached a final or explicit state and that every settlement key was charged exactly
 # once, and then keeps running so you can play (Ctrl-C stops everything it started).
 #
-# The archive (issue 11): where the PostgreSQL server binaries are installed and the
+# The archive: where the PostgreSQL server binaries are installed and the
 # manager has --archive-database-url, the demo also starts a throwaway PostgreSQL
 # (data in $DEMO_DIR/postgres, a free loopback port), runs the manager with it and a
 # short --archive-after, shows the settlements leaving the cluster for the archive and
@@ -369,7 +369,7 @@ step "configuring a WebhookProvider (Standard Webhooks) and a BillingProvider"
 k create secret generic inference-webhook-secret -n "$ns" --from-file=key="$state/webhook-secret" | sed 's/^/    /'
 k create secret generic billing-api-token -n "$ns" --from-file=token="$state/billing-token" | sed 's/^/    /'
 # The operator sends a token only where its Secret says it may go (docs/decisions.md
-# "Credentials (issue 12)"): the use as a label, the endpoint as an annotation.
+# "Credentials"): the use as a label, the endpoint as an annotation.
 k label secret billing-api-token -n "$ns" hooks.settlement.dev/credential-for=billing | sed 's/^/    /'
 k annotate secret billing-api-token -n "$ns" hooks.settlement.dev/credential-destinations="$billing_url" | sed 's/^/    /'
 k apply --server-side -n "$ns" -f config/samples/hooks_v1alpha1_webhookprovider.yaml | sed 's/^/    /'

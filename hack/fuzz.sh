@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every fuzz target of the module for FUZZTIME each, one after the other, and
-# fails on any finding (docs/decisions.md, "Fuzzing (issue 12)").
+# fails on any finding (docs/decisions.md, "Fuzzing").
 #
 #   FUZZTIME=1m hack/fuzz.sh                        # `make fuzz`
 #   FUZZTIME=3s hack/fuzz.sh --skip '^FuzzReceiver$' # `make fuzz-smoke`

@@ -41,7 +41,7 @@ const (
 	// token). The operator sends no Secret that does not carry it with the use's value,
 	// so a user who may create BillingProviders or WebhookProviders but not read
 	// Secrets cannot make the operator send one of the namespace's Secrets anywhere
-	// (docs/design.md §6, decisions.md "Credentials (issue 12)"). Adding a label needs
+	// (docs/design.md §6, decisions.md "Credentials"). Adding a label needs
 	// `patch` on the Secret, which a user who cannot read it does not have. A label,
 	// not an annotation, so `kubectl get secrets -A -l hooks.settlement.dev/credential-for`
 	// lists everything the operator may send.

@@ -415,7 +415,7 @@ type RetentionSpec struct {
 //
 // Every field that decides an effect comes from signed bytes: a header outside the
 // signature would let anyone holding one captured delivery re-type or re-identify it
-// and replay it (docs/design.md §4; decisions.md "Signed fields (issue 12)"). The only
+// and replay it (docs/design.md §4; decisions.md "Signed fields"). The only
 // header a scheme signs that can identify an event is StandardWebhooks' webhook-id.
 // +kubebuilder:validation:XValidation:rule="!has(self.eventID.header) || (self.signature.scheme == 'StandardWebhooks' && self.eventID.header.lowerAscii() == 'webhook-id') || (self.signature.scheme == 'HMACSHA256' && has(self.signature.signedHeaders) && self.signature.signedHeaders.exists(h, h.lowerAscii() == self.eventID.header.lowerAscii()))",message="eventID.header is outside the signature: only webhook-id with scheme StandardWebhooks, or a header listed in signature.signedHeaders with scheme HMACSHA256, is signed; otherwise take the event ID from the payload (jsonPath or derivedFrom), which every scheme signs"
 // +kubebuilder:validation:XValidation:rule="!has(self.eventType.header) || (self.signature.scheme == 'StandardWebhooks' && self.eventType.header.lowerAscii() == 'webhook-id') || (self.signature.scheme == 'HMACSHA256' && has(self.signature.signedHeaders) && self.signature.signedHeaders.exists(h, h.lowerAscii() == self.eventType.header.lowerAscii()))",message="eventType.header is outside the signature, so a captured delivery could be replayed as another event type: list it in signature.signedHeaders (scheme HMACSHA256, e.g. CloudEvents binary mode's ce-type), or take the event type from the payload (jsonPath), which every scheme signs"

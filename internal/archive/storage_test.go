@@ -106,7 +106,7 @@ func happyPath(i int) (*hooksv1alpha1.WebhookEvent, *hooksv1alpha1.JobCompletion
 // TestStorageBytesPerEvent archives N happy-path events in the current schema and, for
 // comparison, in migration 0001's form (whole objects, conditions columns, its
 // indexes), and reports what PostgreSQL holds per event, measured as the bench measures
-// it: pg_total_relation_size of the three tables ÷ events (issue 11's goal: ≤ 3 KB).
+// it: pg_total_relation_size of the three tables ÷ events (the archive's goal: ≤ 3 KB).
 // The sizes are deterministic for one PostgreSQL version; the test asserts only a
 // bound well above the current measurement, which a regression toward 0001's rows
 // trips. ARCHIVE_STORAGE_EVENTS sets N (default 2000).

@@ -640,7 +640,7 @@ func (x *Extractor) settlementFacts(m *settlementMapping, doc, item any) (hooksv
 			return f, err
 		}
 	}
-	// Keys are namespaced and unambiguously encoded (identity: Keys, issue 10); a
+	// Keys are namespaced and unambiguously encoded (identity: Keys; decisions.md "Keys"); a
 	// keyFrom key and a job's default key never share a key space.
 	if len(m.keyFrom) > 0 {
 		values := make([]string, 0, len(m.keyFrom))
@@ -735,7 +735,7 @@ func truncate(s string) string {
 // timestamp without saying so. The CRD refuses the same (CEL on WebhookProviderSpec and
 // SignatureSpec); this check catches objects stored before those rules existed, so the
 // receiver never serves them (503, the Ready condition says why) instead of trusting
-// an unsigned header (decisions.md "Signed fields (issue 12)").
+// an unsigned header (decisions.md "Signed fields").
 func checkSignedSources(c *compiler, spec *hooksv1alpha1.WebhookProviderSpec) {
 	scheme := string(spec.Signature.Scheme)
 	covered := func(header string) bool {

@@ -164,7 +164,7 @@ func FuzzExtract(f *testing.F) {
 	})
 }
 
-// TestSignedSources: a spec stored before the CRD's rules (issue 12) that takes a field
+// TestSignedSources: a spec stored before the CRD's signed-source rules that takes a field
 // from an unsigned header, or accepts an HMAC with no timestamp without saying so, is
 // not served.
 func TestSignedSources(t *testing.T) {

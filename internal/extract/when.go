@@ -14,7 +14,7 @@ import (
 // (cel-go's cost units: roughly one per operation, plus one per few characters of a
 // string compared or built). It lets a condition look through a few thousand forEach
 // items and refuses one whose cost grows with the square of the payload, so that no
-// delivery can make the receiver spin (decisions.md "Route conditions (issue 13)").
+// delivery can make the receiver spin (decisions.md "Route conditions").
 const WhenCostLimit = 1_000_000
 
 // whenEnvs are the two expression environments: a route's and a plain operation's

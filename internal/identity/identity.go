@@ -75,14 +75,14 @@ func JobCompletionName(provider, jobID string) string {
 
 // SettlementName is the name of the BillingSettlement for one logical financial
 // operation; the API server rejecting a second create with this name is what stops
-// a redelivered event from charging twice. For a structured key (issue 10) use
+// a redelivered event from charging twice. For a structured (namespaced) key use
 // SettlementNameFor, which keeps a job's charge under this same name.
 func SettlementName(provider, settlementKey string) string {
 	return provider + "-stl-" + Hash32(settlementKey)
 }
 
 // IdempotencyKey is the legacy idempotency key of a settlement, a function of the
-// settlement key alone: the key of every settlement created before issue 10, which
+// settlement key alone: the key of every settlement created before keys were namespaced, which
 // keeps it (spec is immutable, and the controllers use the stored key, never a
 // re-derived one). It is not namespaced, so new settlements use
 // NamespacedIdempotencyKey.
@@ -91,7 +91,7 @@ func IdempotencyKey(settlementKey string) string {
 }
 
 // DefaultSettlementKey is the legacy settlement key of a job, "<provider>/<jobID>",
-// used before issue 10 when a route does not configure keyFrom. New events get
+// used before keys were namespaced when a route does not configure keyFrom. New events get
 // JobSettlementKey; SettlementName(provider, DefaultSettlementKey(provider, jobID)) is
 // still the name of a job's settlement, old or new (see SettlementNameFor).
 func DefaultSettlementKey(provider, jobID string) string {
@@ -149,7 +149,7 @@ func EndpointPath(namespace, provider string) string {
 	return EndpointPathPrefix + namespace + "/" + provider
 }
 
-// Keys (issue 10). The derivations above are the legacy ones: their outputs are stored
+// Namespaced keys (decisions.md "Keys"). The derivations above are the legacy ones: their outputs are stored
 // in existing settlements and are kept so that those settlements, and the
 // reconciliation pass that finds them, keep working. Every key minted from now on is
 // derived below: from the namespace as well as the provider, with every part encoded
@@ -230,7 +230,7 @@ func (k StructuredKey) JobID() string {
 
 // LegacyKey is the key the same operation had before keys were namespaced
 // ("<provider>/<jobID>", or "<provider>/<v1>/<v2>…" for keyFrom): a settlement created
-// before issue 10 under that key is the same logical operation and must be found, or
+// before keys were namespaced under that key is the same logical operation and must be found, or
 // the same charge would be made twice under two keys.
 func (k StructuredKey) LegacyKey() string {
 	return k.Provider + "/" + strings.Join(k.Values, "/")
@@ -269,7 +269,7 @@ func JobSinkKey(namespace, provider, jobID string, version int64) string {
 	return "job_" + HashParts(tagJobSink, namespace, provider, jobID, strconv.FormatInt(version, 10))
 }
 
-// LegacyJobSinkKey is the job sink key used before issue 10, "job_" +
+// LegacyJobSinkKey is the job sink key used before keys were namespaced, "job_" +
 // Hash32(provider, jobID, version): not namespaced. Kept for its test vector and for
 // anyone matching a sink's old records; nothing sends it any more.
 func LegacyJobSinkKey(provider, jobID string, version int64) string {

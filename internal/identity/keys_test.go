@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
-// Vectors of the namespaced derivations (issue 10), computed once with Python's
+// Vectors of the namespaced derivations, computed once with Python's
 // hashlib and json.dumps(parts, separators=(",", ":"), ensure_ascii=False),
 // independently of this package. As for the legacy vectors: a change is a migration.
 

@@ -9,7 +9,7 @@ import (
 )
 
 // Limits a delivery can hit, answered 429 with the limit named in the error code and in
-// the metric label (docs/design.md §4; decisions.md "Receiver admission (issue 12)").
+// the metric label (docs/design.md §4; decisions.md "Receiver admission").
 const (
 	// LimitProvider: the provider already has --receiver-max-in-flight-per-provider
 	// deliveries in flight (reading their bodies or being stored).

@@ -150,7 +150,7 @@ func (s *slowConn) answer() string {
 	return s.got.String()
 }
 
-var _ = Describe("admission: no one can starve the receiver (issue 12)", func() {
+var _ = Describe("admission: no one can starve the receiver", func() {
 	It("keeps serving other providers and tenants while 64+ slow connections flood one provider and an unknown one", func() {
 		ns1, ns2 := newNamespace(), newNamespace()
 		flooded := inferenceProvider(ns1)

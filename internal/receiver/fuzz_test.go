@@ -353,7 +353,7 @@ func (fe *fuzzEnv) stop() {
 // The fuzzing engine talks to its worker over descriptors the worker inherits without
 // that flag; a control plane started from the worker would inherit them too, outlive
 // the worker when the engine kills it, and keep `go test -fuzz` waiting for pipes to
-// close long after -fuzztime (docs/decisions.md, "Fuzzing (issue 12)").
+// close long after -fuzztime (docs/decisions.md, "Fuzzing").
 func closeInheritedDescriptorsOnExec() {
 	entries, err := os.ReadDir("/proc/self/fd")
 	if err != nil {

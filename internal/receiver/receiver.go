@@ -169,7 +169,7 @@ type Receiver struct {
 	rejections *rejections
 	// tenants bounds each namespace's and provider's deliveries from admission to
 	// answer; slots bounds this replica's deliveries past their body read
-	// (decisions.md "Receiver admission (issue 12)").
+	// (decisions.md "Receiver admission").
 	tenants *tenantSlots
 	slots   chan struct{}
 

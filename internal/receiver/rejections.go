@@ -19,7 +19,7 @@ import (
 )
 
 // Refused deliveries are made visible on their WebhookProvider (decisions.md
-// "Rejections (issue 13)"): status.lastRejection, a Warning Event and an info log line,
+// "Rejections"): status.lastRejection, a Warning Event and an info log line,
 // each at most once per provider per interval. A delivery only records its refusal in
 // memory (a map under a mutex); one goroutine per replica writes the aggregate, so a
 // flood of bad deliveries never turns into a flood of API writes and never waits on one.

@@ -16,7 +16,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 )
 
-// Refused deliveries on the provider (decisions.md "Rejections (issue 13)").
+// Refused deliveries on the provider (decisions.md "Rejections").
 var _ = Describe("rejected deliveries", func() {
 	var ns string
 	BeforeEach(func() {

@@ -18,7 +18,7 @@ import (
 //
 // Reading the signing keys is the only API call a delivery can cause before its
 // signature is verified, so it is bounded whatever senders do (decisions.md "Receiver
-// admission (issue 12)"): a Secret is read at most once per refreshAfter (or per ttl,
+// admission"): a Secret is read at most once per refreshAfter (or per ttl,
 // if shorter), however many deliveries ask at once (they share one read), whether the
 // read succeeds or fails.
 //

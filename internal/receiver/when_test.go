@@ -14,7 +14,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 )
 
-// Route conditions (decisions.md "Route conditions (issue 13)"): the receiver
+// Route conditions (decisions.md "Route conditions"): the receiver
 // evaluates a route's and its operations' `when` on every delivery.
 var _ = Describe("route conditions (when)", func() {
 	const (

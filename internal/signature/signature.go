@@ -66,7 +66,7 @@ const (
 // so its webhook-id is covered; Stripe signs "t.body" and HMACSHA256 "timestamp.body"
 // or the body alone, so none of their other headers is. A field that decides an effect
 // (event ID, event type) may come from a header only if it is this one
-// (decisions.md "Signed fields (issue 12)").
+// (decisions.md "Signed fields").
 func SignedIDHeader(scheme string) string {
 	if scheme == SchemeStandardWebhooks {
 		return HeaderWebhookID

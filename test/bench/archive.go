@@ -1098,7 +1098,7 @@ func (a *ArchivePhase) postgresDetail(ctx context.Context, db *pgx.Conn) error {
 	return nil
 }
 
-// goals compares the measurements with issue 11's targets: reported, never asserted.
+// goals compares the measurements with the archive's targets: reported, never asserted.
 func (a *ArchivePhase) goals() {
 	add := func(name, goal string, value, limit float64, atMost bool, unit string) {
 		met := value <= limit

@@ -525,7 +525,7 @@ type PostgresTable struct {
 	MeanObjectBytes float64 `json:"meanObjectBytes"`
 }
 
-// Goal is one of issue 11's targets and the measured value: reported, not asserted.
+// Goal is one of the archive's targets and the measured value: reported, not asserted.
 type Goal struct {
 	Name  string  `json:"name"`
 	Goal  string  `json:"goal"`

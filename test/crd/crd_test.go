@@ -284,7 +284,7 @@ var _ = Describe("WebhookProvider validation", func() {
 		expectInvalid(k8s.Create(ctx, p), "only apply to scheme HMACSHA256")
 	})
 
-	Describe("fields that decide effects come from signed bytes (issue 12)", func() {
+	Describe("fields that decide effects come from signed bytes", func() {
 		hmac := func(name string) *hooksv1alpha1.WebhookProvider {
 			p := sampleProvider(ns, name)
 			p.Spec.Signature = hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeHMACSHA256,
@@ -596,7 +596,7 @@ var _ = Describe("what an operator sees", func() {
 		Expect(strings.Fields(lines[0])).To(Equal([]string{
 			"NAME", "CUSTOMER", "TYPE", "CHARGE", "STATE", "ATTEMPTS", "PROVIDER-REF", "REASON", "AGE",
 		}))
-		// One CHARGE column reads the same for usage and amounts (issue 13): never a blank
+		// One CHARGE column reads the same for usage and amounts: never a blank
 		// AMOUNT and CURRENCY for a usage charge.
 		Expect(lines[1]).To(MatchRegexp(`^visible\s+cus_42\s+Charge\s+12\.50 USD \(1523 tokens\)\s+Settled\s+3\s+pay_77\s+ProviderSettled\s`))
 		out, errOut, err = runKubectl("get", "billingsettlements", "-n", ns, "-o", "wide")
@@ -634,7 +634,7 @@ var _ = Describe("what an operator sees", func() {
 		out, errOut, err := runKubectl("get", "webhookproviders", "-n", ns)
 		Expect(err).NotTo(HaveOccurred(), errOut)
 		Expect(out).To(MatchRegexp(`tbl\s+StandardWebhooks`))
-		// Why a provider is not ready is one glance away (issue 13).
+		// Why a provider is not ready is one glance away (the REASON column).
 		for _, resource := range []string{"webhookproviders", "billingproviders"} {
 			out, errOut, err := runKubectl("get", resource, "-n", ns)
 			Expect(err).NotTo(HaveOccurred(), errOut)
@@ -673,7 +673,7 @@ var _ = Describe("what an operator sees", func() {
 		Expect(err).NotTo(HaveOccurred(), errOut)
 		Expect(out).To(ContainSubstring("rotated"))
 
-		// The expression environment of route conditions (issue 13).
+		// The expression environment of route conditions.
 		for _, field := range []string{"webhookprovider.spec.routes.when", "webhookprovider.spec.routes.operations.when"} {
 			out, errOut, err = runKubectl("explain", field)
 			Expect(err).NotTo(HaveOccurred(), errOut)

@@ -8,7 +8,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 )
 
-// Job sinks need https:// unless explicitly allowed, as billing endpoints do (issue 12).
+// Job sinks need https:// unless explicitly allowed, as billing endpoints do.
 var _ = Describe("job sink validation", func() {
 	var ns string
 	BeforeEach(func() { ns = newNamespace() })

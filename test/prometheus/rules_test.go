@@ -155,7 +155,7 @@ func TestAlertRules(t *testing.T) {
 			}
 		}
 	}
-	// What on-call must be paged for (issue 13): dead letters, stuck settlements,
+	// What on-call must be paged for: dead letters, stuck settlements,
 	// receiver 503/400/429 and signature failures, reconciliation findings, the archive.
 	for _, a := range []string{"SettlementDeadLettered", "SettlementStuckUnsettled", "SettlementReceiverUnavailable",
 		"SettlementReceiverBadRequests", "SettlementReceiverSignatureRejected", "SettlementReceiverThrottling",

@@ -100,9 +100,10 @@ CREATE INDEX settlements_job ON settlements (namespace, webhook_provider, job_id
 CREATE INDEX settlements_reverses ON settlements (namespace, reverses) WHERE reverses <> '';
 
 -- The archive's identity: the cluster remembers which archive it archived to, so that an
--- empty or other database (a typo in its name, a restore, a failover to a lagging
--- replica) is never taken for "nothing archived yet" — which would let archived events
--- and keys be dispatched and charged again.
+-- empty or other database (a typo in its name, a new database in its place) is never
+-- taken for "nothing archived yet" — which would let archived events and keys be
+-- dispatched and charged again. A restore or a lagging standby of this archive keeps
+-- this row, so it is not told apart (docs/archive-operations.md).
 CREATE TABLE archive_identity (
     id         text        PRIMARY KEY,
     created_at timestamptz NOT NULL DEFAULT now()

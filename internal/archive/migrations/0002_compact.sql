@@ -1,4 +1,4 @@
--- Smaller rows (docs/decisions.md "Archive storage (issue 11)"; measured in
+-- Smaller rows (docs/decisions.md "Archive storage"; measured in
 -- docs/capacity.md). Every statement here changes the catalog only: no row is read or
 -- rewritten, so the migration takes moments on an archive of any size. Rows written
 -- under 0001 stay as they are and keep being read (their `object` column is the record);
