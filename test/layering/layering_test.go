@@ -170,10 +170,19 @@ func TestImports(t *testing.T) {
 				if rule.deps {
 					list = p.Deps
 				}
+				var broken []string
 				for _, to := range list {
 					if why := rule.broken(p.ImportPath, to); why != "" {
-						t.Errorf("%s: %s", rule.name, why)
+						broken = append(broken, why)
 					}
+				}
+				// A forbidden import brings its own dependencies along: the first few
+				// name it, the count says how far it reaches.
+				if n := len(broken); n > 3 {
+					broken = append(broken[:3], fmt.Sprintf("and %d more", n-3))
+				}
+				if len(broken) > 0 {
+					t.Errorf("%s:\n\t%s", rule.name, strings.Join(broken, "\n\t"))
 				}
 			}
 		})
