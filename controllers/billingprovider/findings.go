@@ -19,7 +19,7 @@ const maxReportItems = 100
 // on every pass that sees it again: an alert on its rate then means "something new",
 // and the reports keep the full picture. It lives in memory: after a restart or a
 // change of leader every open finding is counted once more (docs/decisions.md
-// "Metrics (issue 13)"). A finding is kept as a 64-bit hash of its type, object and
+// "Metrics"). A finding is kept as a 64-bit hash of its type, object and
 // provider record, so a pass with many findings costs 8 bytes per finding.
 type findingMemory struct {
 	mu         sync.Mutex

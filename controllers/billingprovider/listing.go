@@ -111,7 +111,7 @@ func (r *Reconciler) compareProvider(ctx context.Context, bp *hooksv1alpha1.Bill
 			records++
 			if k, ok := identity.ParseSettlementKey(rec.SettlementKey); ok && k.Namespace != bp.Namespace {
 				// Another namespace's record in a shared billing account: its own
-				// pass reports it (keys minted before issue 10 carry no namespace).
+				// pass reports it (legacy keys, minted before keys were namespaced, carry no namespace).
 				records--
 				continue
 			}

@@ -420,7 +420,7 @@ func (r *Reconciler) settlement(ctx context.Context, ev *hooksv1alpha1.WebhookEv
 }
 
 // legacySettlement finds the settlement a keyFrom charge was created under before keys
-// were namespaced (issue 10): the same logical charge under its legacy key and name.
+// were namespaced: the same logical charge under its legacy key and name.
 // Without it, a charge made before the upgrade would be made again under the new key.
 // A job's charge needs no such lookup: its name did not change.
 func (r *Reconciler) legacySettlement(ctx context.Context, ev *hooksv1alpha1.WebhookEvent,

@@ -48,7 +48,7 @@ func Settlement(ctx context.Context, reader client.Reader, store *archive.Store,
 }
 
 // operationIdentities lists every name and key one logical settlement may have been
-// stored under: its own, and — for a key minted since issue 10 — the legacy key, the
+// stored under: its own, and — for a namespaced key — the legacy key, the
 // name that key had, and the idempotency keys (legacy and namespaced) derived from it.
 // A charge made before the upgrade and archived since must stop the same operation
 // from being charged again under its new key.

@@ -16,7 +16,7 @@ import (
 )
 
 // Credentials leave the operator only where their Secret says they may go
-// (decisions.md "Credentials (issue 12)"). Anyone who may create a BillingProvider or
+// (decisions.md "Credentials"). Anyone who may create a BillingProvider or
 // a WebhookProvider route chooses an endpoint and names a Secret of the namespace; the
 // operator reads every Secret (`get`), so without this check such a user could have
 // it send a Secret they cannot read (a database password, say) as a bearer token to a

@@ -10,7 +10,7 @@ import (
 )
 
 // TestCredentialRefusal pins when a Secret may be sent for a use to a destination
-// (decisions.md "Credentials (issue 12)").
+// (decisions.md "Credentials").
 func TestCredentialRefusal(t *testing.T) {
 	billing := map[string]string{hooksv1alpha1.LabelCredentialFor: hooksv1alpha1.CredentialForBilling}
 	dest := func(v string) map[string]string {

@@ -16,7 +16,7 @@ import (
 
 // Metric labels name the namespace and the BillingProvider (or WebhookProvider), never
 // an event ID, a key or a customer: their values are bounded by the objects a platform
-// team creates, not by what senders send (docs/decisions.md "Metrics (issue 13)").
+// team creates, not by what senders send (docs/decisions.md "Metrics").
 var (
 	providerCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_provider_calls_total",

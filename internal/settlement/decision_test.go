@@ -366,7 +366,7 @@ func TestDecisionTable(t *testing.T) {
 		}
 	}
 	rows = append(rows, []decisionRow{
-		{name: "unanswerable lookup inside the key window: resend under the same key (issue 15)",
+		{name: "unanswerable lookup inside the key window: resend under the same key",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-10 * time.Minute)},
 			in:     unanswerable(false),
 			action: ActSubmit, state: submitted, exp: possible},

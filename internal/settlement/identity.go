@@ -25,12 +25,12 @@ var ErrIdentity = errors.New("the settlement's identity is not derived from its 
 //
 // Two derivations are accepted, so that nothing already stored becomes invalid:
 //
-//   - a structured key (identity.ParseSettlementKey, minted since issue 10) must name
+//   - a structured key (identity.ParseSettlementKey, minted since keys are namespaced) must name
 //     the settlement's own namespace, match spec.webhookProvider (and spec.jobID for a
 //     job's key), and carry identity.NamespacedIdempotencyKey and
 //     identity.SettlementNameFor;
 //   - any other key (legacy "<provider>/<jobID>", or written by hand) may carry either
-//     the legacy identity.IdempotencyKey (every settlement created before issue 10) or
+//     the legacy identity.IdempotencyKey (every settlement created before keys were namespaced) or
 //     the namespaced one, under a name "<prefix>-stl-<h(settlementKey)>" whose prefix
 //     is spec.webhookProvider when that is set.
 //
@@ -62,7 +62,7 @@ func ValidateIdentity(bs *hooksv1alpha1.BillingSettlement) error {
 		legacy, namespaced := identity.IdempotencyKey(key), identity.NamespacedIdempotencyKey(ns, key)
 		if bs.Spec.IdempotencyKey != legacy && bs.Spec.IdempotencyKey != namespaced {
 			problems = append(problems, fmt.Sprintf("spec.idempotencyKey is %q, want %q (derived from the namespace and "+
-				"spec.settlementKey; settlements created before issue 10 have %q)", bs.Spec.IdempotencyKey, namespaced, legacy))
+				"spec.settlementKey; settlements created before keys were namespaced have %q)", bs.Spec.IdempotencyKey, namespaced, legacy))
 		}
 		if why := legacyNameProblem(bs); why != "" {
 			problems = append(problems, why)

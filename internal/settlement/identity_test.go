@@ -30,7 +30,7 @@ func TestValidateSettlementIdentity(t *testing.T) {
 	legacyKey := identity.DefaultSettlementKey("inference", "job-1")
 	refundKey := "refund/" + legacyKey
 
-	// legacyMade is a settlement as the operator created it before issue 10.
+	// legacyMade is a settlement as the operator created it before keys were namespaced.
 	legacyMade := func() *hooksv1alpha1.BillingSettlement {
 		bs := operatorMade("team-a", legacyKey, "job-1")
 		bs.Spec.IdempotencyKey = identity.IdempotencyKey(legacyKey)
@@ -49,9 +49,9 @@ func TestValidateSettlementIdentity(t *testing.T) {
 	}{
 		{name: "a job's charge made by the operator", bs: operatorMade("team-a", jobKey, "job-1")},
 		{name: "a keyFrom charge made by the operator", bs: operatorMade("team-a", fieldsKey, "")},
-		{name: "a charge made before issue 10", bs: legacyMade()},
-		{name: "a legacy key of a stored event, charged after issue 10", bs: operatorMade("team-a", legacyKey, "job-1")},
-		{name: "a refund by hand, legacy derivation (the runbook's before issue 10)",
+		{name: "a charge made before keys were namespaced", bs: legacyMade()},
+		{name: "a legacy key of a stored event, charged after keys were namespaced", bs: operatorMade("team-a", legacyKey, "job-1")},
+		{name: "a refund by hand, legacy derivation (as the runbook describes it)",
 			bs: handMade(identity.IdempotencyKey(refundKey), identity.SettlementName("inference", refundKey))},
 		{name: "a refund by hand, namespaced derivation",
 			bs: handMade(identity.NamespacedIdempotencyKey("team-a", refundKey), identity.SettlementName("ops", refundKey))},

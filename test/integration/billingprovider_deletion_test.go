@@ -17,7 +17,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/test/fixtures"
 )
 
-// Deleting a BillingProvider (issue 10, defect 11): a settlement that may have moved
+// Deleting a BillingProvider (a money-safety defect of the first review): a settlement that may have moved
 // money at it can only be resolved through it, so the provider's deletion waits.
 
 func billingProviderKey(ns string) client.ObjectKey {
@@ -55,7 +55,7 @@ func warningEvents(ns, reason string) (objects, occurrences int) {
 	return objects, occurrences
 }
 
-var _ = Describe("deleting a BillingProvider (issue 10)", func() {
+var _ = Describe("deleting a BillingProvider", func() {
 	It("waits while a settlement's outcome there is unknown, says why, and goes once it settles", func() {
 		ns := newTenant(slowRetries, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
 			bp.Spec.Retry.MaxAttempts = 1000 // the outage must not dead-letter it while the test looks
@@ -115,7 +115,7 @@ var _ = Describe("deleting a BillingProvider (issue 10)", func() {
 	})
 })
 
-// What a namespace deletion does (issue 10). envtest has no namespace controller and
+// What a namespace deletion does. envtest has no namespace controller and
 // no garbage collector: deleting the namespace only marks it Terminating, so this
 // test does by hand what the namespace controller does in a cluster — it deletes
 // every object in the namespace, and the Secrets (no finalizer) go at once. It pins
@@ -123,7 +123,7 @@ var _ = Describe("deleting a BillingProvider (issue 10)", func() {
 // credentials Secret is gone and the namespace is Terminating (no new object can be
 // created in it, not even a Kubernetes Event), a settlement held by its finalizer
 // cannot reach its provider any more, and only a human can end the wait.
-var _ = Describe("deleting a namespace (issue 10, known limit)", func() {
+var _ = Describe("deleting a namespace (known limit)", func() {
 	It("keeps the namespace Terminating while settlements are unresolved, and their Secret cannot come back", func() {
 		ns := newTenant(slowRetries, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
 			bp.Spec.Retry.MaxAttempts = 1000 // the outage must not dead-letter it while the test looks

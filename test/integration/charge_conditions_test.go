@@ -19,7 +19,7 @@ import (
 
 // withSampleRoutes gives the tenant the routes of config/samples' inference provider,
 // so that the sample itself is what is shown to complete a failed job without
-// charging it (issue 13: the sample charged failed jobs).
+// charging it (the sample once charged failed jobs).
 func withSampleRoutes(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
 	GinkgoHelper()
 	b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_webhookprovider.yaml"))
@@ -38,7 +38,7 @@ func sampleJobEvent(jobID, state string, tokens int) string {
 		`"completed_at":"2026-11-30T12:00:00Z","customer":"cus_%s","usage":{"tokens":%d}}}`, jobID, state, jobID, tokens)
 }
 
-var _ = Describe("route conditions: charge only what should be charged (issue 13)", func() {
+var _ = Describe("route conditions: charge only what should be charged", func() {
 	It("completes a failed or cancelled job of the sample provider without charging it, and charges a succeeded one once", func() {
 		ns := newTenant(withSampleRoutes)
 		for _, tc := range []struct{ job, state string }{{"job-failed", "failed"}, {"job-cancelled", "canceled"}} {

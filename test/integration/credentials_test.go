@@ -81,7 +81,7 @@ func (r *recorder) carried(value string) bool {
 	return false
 }
 
-var _ = Describe("credentials go only where they are meant to (issue 12)", func() {
+var _ = Describe("credentials go only where they are meant to", func() {
 	const (
 		user       = "provider-author"
 		dbPassword = "db-password-c0rrect-h0rse"

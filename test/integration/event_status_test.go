@@ -46,7 +46,7 @@ func statusWrites(ns, id string) (phases func() []hooksv1alpha1.EventPhase, stop
 	}, w.Stop
 }
 
-var _ = Describe("an event's status writes (issue 14)", func() {
+var _ = Describe("an event's status writes", func() {
 	It("writes a happy-path event's status once, when its operations have finished", func() {
 		ns := newTenant()
 		writes, stop := statusWrites(ns, "msg_once")

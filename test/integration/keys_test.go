@@ -21,7 +21,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/test/sender"
 )
 
-// Keys (issue 10): tenants never share a key, keys never collide, and a job's charge
+// Keys: tenants never share a key, keys never collide, and a job's charge
 // follows its newest completion.
 
 // settlementOp is the outcome of an event's settlement operation, "" before dispatch.
@@ -146,7 +146,7 @@ func usageCharged(settlementKey string) []string {
 	return q
 }
 
-var _ = Describe("keys (issue 10)", func() {
+var _ = Describe("keys", func() {
 	It("keeps two tenants' charges apart when both call their webhook provider inference", func() {
 		nsA, nsB := newTenant(), newTenant()
 		body := jobEvent("job-tenants", 1, 33) // same job, customer and usage in both

@@ -48,7 +48,7 @@ func sampleOf(g prometheus.Gatherer, name string, labels map[string]string) (flo
 	return 0, false
 }
 
-var _ = Describe("metrics an SRE alerts on (docs/decisions.md \"Metrics (issue 13)\")", func() {
+var _ = Describe("metrics an SRE alerts on (docs/decisions.md \"Metrics\")", func() {
 	It("reports the oldest unsettled settlement's age per namespace and billing provider, 0 when idle", func() {
 		ns := newTenant() // BillingProvider "billing", nothing sent: idle
 		key := "manual/" + ns

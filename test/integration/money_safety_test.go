@@ -18,7 +18,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/test/fixtures"
 )
 
-// The money-safety defects of issue 10, each against the real API server and a real
+// The money-safety defects of the first review, each against the real API server and a real
 // HTTP provider whose ledger is the assertion. Every one of these failed on the
 // controller before the exposure model.
 
@@ -90,7 +90,7 @@ func settleByHand(bs *hooksv1alpha1.BillingSettlement) {
 
 func posts(calls []fakebilling.Call) int { return fakebilling.Posts(calls) }
 
-var _ = Describe("money safety (issue 10)", func() {
+var _ = Describe("money safety", func() {
 	It("polls a pending charge past maxElapsed through failed polls: never dead-lettered, deletion held (defect 1)", func() {
 		slow, err := fakebilling.Start(fakebilling.Options{Token: billingToken, PendingPolls: 1 << 30})
 		Expect(err).NotTo(HaveOccurred())

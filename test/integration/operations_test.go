@@ -153,7 +153,7 @@ var _ = Describe("the failure matrix (docs/design.md §9)", func() {
 		}
 		Expect(bs.OwnerReferences).To(BeEmpty(), "financial records are never owned by events")
 		// Kubernetes Events are for what a human acts on: a charge that settled the normal
-		// way records none about its records (issue 14: 2 of 10 writes per event were Events).
+		// way records none about its records (measured: 2 of 10 writes per event were Events).
 		Consistently(func() []string { return recordEventReasons(ns) }).
 			WithTimeout(3 * time.Second).Should(BeEmpty())
 	})

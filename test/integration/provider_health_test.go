@@ -54,7 +54,7 @@ func latestFailedReportReason(ns string) func() string {
 	}
 }
 
-var _ = Describe("a BillingProvider's health (issue 13)", func() {
+var _ = Describe("a BillingProvider's health", func() {
 	It("says the provider refuses its token, in its conditions and its reports, and recovers once it is fixed", func() {
 		ns := reconcilingTenant()
 		Eventually(billingProviderCondition(ns, hooksv1alpha1.ConditionProviderHealthy)).Should(

@@ -31,7 +31,7 @@ func stripeBilling(fake *fakestripe.Server) func(*hooksv1alpha1.BillingProvider,
 // The billing rows of the failure matrix (docs/design.md §9) against the Stripe-shaped
 // fake (test/fakestripe: Stripe's idempotency layer, meter events, invoice items), each
 // ending with exactly one charge per key in its ledger.
-var _ = Describe("a Stripe billing provider (issue 15)", func() {
+var _ = Describe("a Stripe billing provider", func() {
 	const stripeKey = "sk_test_operator"
 	var fake *fakestripe.Server
 

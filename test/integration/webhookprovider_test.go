@@ -16,7 +16,7 @@ import (
 
 // The suite re-checks a Ready WebhookProvider every 10s and one waiting for its Secret
 // every 1s (1m and 5s in production), so "within seconds" here is well under 10s.
-var _ = Describe("a WebhookProvider's references (issue 13)", func() {
+var _ = Describe("a WebhookProvider's references", func() {
 	It("says which BillingProvider its routes name that does not exist, and is Ready once it does", func() {
 		ns := fmt.Sprintf("ops-%d", nsCounter.Add(1))
 		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())

@@ -167,11 +167,11 @@ func printKeys(w *bufio.Writer, d derivedKeys) {
 	fmt.Fprintf(tw, "  settlement key\t%s\n", d.JobSettlementKey)
 	fmt.Fprintf(tw, "  BillingSettlement\t%s\n", d.JobSettlementName)
 	fmt.Fprintf(tw, "  idempotency key\t%s\n", d.JobIdempotencyKey)
-	fmt.Fprintf(tw, "  before issue 10\tsettlement key %s, idempotency key %s (same BillingSettlement name)\n", d.LegacyJobSettleKey, d.LegacyJobIdempotency)
+	fmt.Fprintf(tw, "  before keys were namespaced\tsettlement key %s, idempotency key %s (same BillingSettlement name)\n", d.LegacyJobSettleKey, d.LegacyJobIdempotency)
 	fmt.Fprintln(tw, "As a settlement key:")
 	fmt.Fprintf(tw, "  BillingSettlement\t%s\n", d.SettlementName)
 	fmt.Fprintf(tw, "  idempotency key\t%s\n", d.IdempotencyKey)
-	fmt.Fprintf(tw, "  before issue 10\tidempotency key %s\n", d.LegacyIdempotencyKey)
+	fmt.Fprintf(tw, "  before keys were namespaced\tidempotency key %s\n", d.LegacyIdempotencyKey)
 	_ = tw.Flush()
 	if d.Note != "" {
 		fmt.Fprintln(w, "Note: "+d.Note)
