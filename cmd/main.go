@@ -14,19 +14,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/settlement-operator/settlement-operator/controllers/archiver"
-	"github.com/settlement-operator/settlement-operator/controllers/billingprovider"
-	"github.com/settlement-operator/settlement-operator/controllers/billingsettlement"
-	"github.com/settlement-operator/settlement-operator/controllers/jobcompletion"
-	"github.com/settlement-operator/settlement-operator/controllers/webhookevent"
-	"github.com/settlement-operator/settlement-operator/controllers/webhookprovider"
-
-	"github.com/settlement-operator/settlement-operator/internal/sharding"
-
-	"github.com/settlement-operator/settlement-operator/internal/metrics"
-
-	"github.com/settlement-operator/settlement-operator/internal/providerclient"
-
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -43,8 +30,17 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/controllers/archiver"
+	"github.com/settlement-operator/settlement-operator/controllers/billingprovider"
+	"github.com/settlement-operator/settlement-operator/controllers/billingsettlement"
+	"github.com/settlement-operator/settlement-operator/controllers/jobcompletion"
+	"github.com/settlement-operator/settlement-operator/controllers/webhookevent"
+	"github.com/settlement-operator/settlement-operator/controllers/webhookprovider"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 	"github.com/settlement-operator/settlement-operator/internal/receiver"
+	"github.com/settlement-operator/settlement-operator/internal/sharding"
 )
 
 var scheme = runtime.NewScheme()

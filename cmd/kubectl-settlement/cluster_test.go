@@ -12,10 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/settlement-operator/settlement-operator/controllers/billingsettlement"
-
-	"github.com/settlement-operator/settlement-operator/internal/settlement"
-
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -31,9 +27,11 @@ import (
 	"sigs.k8s.io/yaml"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/controllers/billingsettlement"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
 

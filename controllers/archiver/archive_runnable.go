@@ -1,8 +1,6 @@
 package archiver
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/metrics"
-
 	"context"
 	"errors"
 	"fmt"
@@ -13,10 +11,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
 )
 
 // Migrator applies the archive's schema migrations at start, on every replica

@@ -1,14 +1,6 @@
 package archiver
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
-
-	"github.com/settlement-operator/settlement-operator/internal/metrics"
-
-	"github.com/settlement-operator/settlement-operator/internal/settlement"
-
-	"github.com/settlement-operator/settlement-operator/internal/conditions"
-
 	"context"
 	"fmt"
 	"time"
@@ -31,7 +23,11 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
 )
 
 // ControllerName prefixes the archiver's controllers (one per kind).

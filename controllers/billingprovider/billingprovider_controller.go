@@ -1,18 +1,6 @@
 package billingprovider
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/index"
-
-	"github.com/settlement-operator/settlement-operator/internal/providerclient"
-
-	"github.com/settlement-operator/settlement-operator/internal/credentials"
-
-	"github.com/settlement-operator/settlement-operator/internal/settlement"
-
-	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
-
-	"github.com/settlement-operator/settlement-operator/internal/conditions"
-
 	"context"
 	"fmt"
 	"sort"
@@ -39,6 +27,12 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+	"github.com/settlement-operator/settlement-operator/internal/credentials"
+	"github.com/settlement-operator/settlement-operator/internal/index"
+	"github.com/settlement-operator/settlement-operator/internal/providerclient"
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 )
 
 // ControllerName names the controller in logs and metrics.

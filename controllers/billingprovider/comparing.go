@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
@@ -12,8 +15,6 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
-	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // archivedCheck is a finding that stands only if the archive does not hold key.

@@ -6,9 +6,10 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
-	"k8s.io/apimachinery/pkg/types"
 )
 
 // maxReportItems is how many findings a report lists; counts are always complete.
@@ -50,7 +51,7 @@ func (m *findingMemory) remember(uid types.UID, seen, previous map[uint64]struct
 	m.byProvider[uid] = seen
 }
 
-// Forget drops a deleted provider's findings.
+// forget drops a deleted provider's findings.
 func (m *findingMemory) forget(uid types.UID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -1,13 +1,12 @@
 package billingprovider
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/metrics"
-
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
 )
 
 // TestNewFindingsCountedOnce runs passes of one provider through passState and

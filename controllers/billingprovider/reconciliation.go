@@ -1,12 +1,6 @@
 package billingprovider
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/providerclient"
-
-	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
-
-	"github.com/settlement-operator/settlement-operator/internal/conditions"
-
 	"context"
 	"fmt"
 	"sort"
@@ -19,7 +13,10 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/providerclient"
+	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 )
 
 // pass runs one reconciliation and returns its report's name and, when it finished a

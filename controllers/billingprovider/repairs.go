@@ -5,14 +5,15 @@ import (
 	"fmt"
 	"time"
 
-	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
-	"github.com/settlement-operator/settlement-operator/internal/billing"
-	"github.com/settlement-operator/settlement-operator/internal/conditions"
-	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 )
 
 // requestReconcile asks a settlement's own controller to query the provider by key,

@@ -1,16 +1,6 @@
 package billingprovider
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
-
-	"github.com/settlement-operator/settlement-operator/internal/metrics"
-
-	"github.com/settlement-operator/settlement-operator/internal/providerclient"
-
-	"github.com/settlement-operator/settlement-operator/internal/settlement"
-
-	"github.com/settlement-operator/settlement-operator/internal/conditions"
-
 	"context"
 	"fmt"
 	"hash/fnv"
@@ -24,7 +14,12 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+	"github.com/settlement-operator/settlement-operator/internal/providerclient"
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
 )
 
 const (

@@ -1,12 +1,6 @@
 package billingsettlement
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/index"
-
-	"github.com/settlement-operator/settlement-operator/internal/providerclient"
-
-	"github.com/settlement-operator/settlement-operator/internal/settlement"
-
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -28,6 +22,9 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
+	"github.com/settlement-operator/settlement-operator/internal/index"
+	"github.com/settlement-operator/settlement-operator/internal/providerclient"
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
 )
 
 // ControllerName names the controller in logs and metrics.
@@ -36,14 +33,14 @@ const ControllerName = "billingsettlement"
 // Reconciler drives one financial operation to the provider's final
 // answer with one idempotency key, set at creation and reused on every attempt and
 // replay (docs/design.md §5, §11). What happens next is decided by one pure function
-// (settlement_decision.go) from the settlement's exposure — could money have moved
+// (internal/settlement's Decide) from the settlement's exposure — could money have moved
 // under its key? — which is persisted before every call that could move money and
 // lowered only by the provider's authoritative answer.
 //
 // The reconcile is cluster-api shaped: get → finalizer → snapshot → phases
-// (billingsettlement_phases.go), each func(ctx, *settlementScope) (ctrl.Result, error)
-// where a non-zero result or an error stops → one deferred status patch
-// (billingsettlement_status.go computes the conditions).
+// (phases.go, provider.go, compensation.go, drive.go), each func(ctx, *settlementScope)
+// (ctrl.Result, error) where a non-zero result or an error stops → one deferred status
+// patch (status.go computes the conditions).
 type Reconciler struct {
 	client.Client
 	// APIReader reads provider credentials (Secrets) by name, and compensations live

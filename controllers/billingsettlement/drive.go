@@ -5,6 +5,14 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
@@ -13,13 +21,6 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 )
 
 // maxStepsPerReconcile bounds one reconcile's decisions (e.g. lookup → not found →
@@ -197,7 +198,7 @@ type providerHold struct {
 
 // lateForKey holds a resend of what may already be at the provider that could arrive
 // after the provider's key window, judged by the clock right before the call: the
-// Decision to resend used the reconcile's clock, and the status writes since have no
+// decision to resend used the reconcile's clock, and the status writes since have no
 // deadline of their own. Past the window the provider no longer deduplicates, so the
 // resend could charge twice; the next reconcile asks first.
 func lateForKey(s *settlementScope, prior hooksv1alpha1.Exposure, now time.Time) providerHold {

@@ -1,14 +1,6 @@
 package billingsettlement
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/index"
-
-	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
-
-	"github.com/settlement-operator/settlement-operator/internal/settlement"
-
-	"github.com/settlement-operator/settlement-operator/internal/conditions"
-
 	"context"
 	"errors"
 	"fmt"
@@ -24,7 +16,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/index"
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
 )
 
 // The phases of a settlement reconcile, in the order Reconcile runs them. Each reads

@@ -1,14 +1,6 @@
 package billingsettlement
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/metrics"
-
-	"github.com/settlement-operator/settlement-operator/internal/settlement"
-
-	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
-
-	"github.com/settlement-operator/settlement-operator/internal/conditions"
-
 	"context"
 	"fmt"
 	"strings"
@@ -19,10 +11,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
 	"github.com/settlement-operator/settlement-operator/internal/money"
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 )
 
-// Status computation of a settlement: a decision (settlement_decision.go) becomes
+// Status computation of a settlement: a decision (internal/settlement) becomes
 // Status fields, conditions, Kubernetes Events and metrics here, and nowhere else.
 
 // patchStatus writes the settlement's status once per reconcile, only if it changed,

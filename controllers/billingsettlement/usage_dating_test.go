@@ -1,8 +1,6 @@
 package billingsettlement
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/settlement"
-
 	"testing"
 	"time"
 
@@ -10,6 +8,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
 )
 
 // dater dates usage of meter "tokens" until a fixed time, like Stripe for a meter with

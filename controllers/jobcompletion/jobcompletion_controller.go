@@ -1,16 +1,6 @@
 package jobcompletion
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/metrics"
-
-	"github.com/settlement-operator/settlement-operator/internal/credentials"
-
-	"github.com/settlement-operator/settlement-operator/internal/settlement"
-
-	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
-
-	"github.com/settlement-operator/settlement-operator/internal/conditions"
-
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -28,8 +18,13 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+	"github.com/settlement-operator/settlement-operator/internal/credentials"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/jobsink"
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
+	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 )
 
 // ControllerName names the controller in logs and metrics.
@@ -221,7 +216,7 @@ func (r *Reconciler) applied(jc *hooksv1alpha1.JobCompletion, v int64) {
 }
 
 // The job sink's retry policies, carried out by the same backoff code as a
-// settlement's (settlement_decision.go: exponential, jittered downward, Retry-After
+// settlement's (internal/settlement: exponential, jittered downward, Retry-After
 // capped at twice the maximum).
 var (
 	sinkRetryPolicy = settlement.RetryPolicy{Initial: time.Second, Max: 5 * time.Minute}

@@ -3,9 +3,10 @@ package webhookevent
 import (
 	"fmt"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // health classifies a child's state for the event's phase.

@@ -5,18 +5,19 @@ import (
 	"fmt"
 	"time"
 
-	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
-	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
-	"github.com/settlement-operator/settlement-operator/internal/conditions"
-	"github.com/settlement-operator/settlement-operator/internal/identity"
-	"github.com/settlement-operator/settlement-operator/internal/metrics"
-	"github.com/settlement-operator/settlement-operator/internal/settlement"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
 )
 
 // defaultEventRetention applies when a provider predates the retention field.

@@ -1,10 +1,6 @@
 package webhookevent
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
-
-	"github.com/settlement-operator/settlement-operator/internal/conditions"
-
 	"context"
 	"fmt"
 	"slices"
@@ -22,6 +18,8 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 )
 
 // ControllerName names the controller in logs and metrics.
@@ -180,7 +178,7 @@ func (h *heldDecisions) put(key types.NamespacedName, uid types.UID, ops []hooks
 	h.byEvent[key] = heldDecision{uid: uid, ops: slices.Clone(ops)}
 }
 
-// Get returns a copy of what is held for the event with this UID; nil when nothing is.
+// get returns a copy of what is held for the event with this UID; nil when nothing is.
 func (h *heldDecisions) get(key types.NamespacedName, uid types.UID) []hooksv1alpha1.OperationStatus {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -1,12 +1,6 @@
 package webhookprovider
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/credentials"
-
-	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
-
-	"github.com/settlement-operator/settlement-operator/internal/conditions"
-
 	"context"
 	"errors"
 	"fmt"
@@ -28,9 +22,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
+	"github.com/settlement-operator/settlement-operator/internal/credentials"
 	"github.com/settlement-operator/settlement-operator/internal/extract"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/signature"
+	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 )
 
 // ControllerName names the controller in logs and metrics.

@@ -1,14 +1,10 @@
 package archivelookup
 
 import (
-	"time"
-
-	"github.com/settlement-operator/settlement-operator/internal/metrics"
-	"github.com/settlement-operator/settlement-operator/internal/settlement"
-
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -17,6 +13,8 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
 )
 
 // ErrUnavailable wraps an archive that did not answer where the next step

@@ -1,12 +1,11 @@
 package credentials
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/conditions"
-
 	"strings"
 	"testing"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/conditions"
 )
 
 // TestCredentialRefusal pins when a Secret may be sent for a use to a destination

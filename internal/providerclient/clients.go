@@ -1,10 +1,6 @@
 package providerclient
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/credentials"
-
-	"github.com/settlement-operator/settlement-operator/internal/settlement"
-
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -18,6 +14,8 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
+	"github.com/settlement-operator/settlement-operator/internal/credentials"
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
 )
 
 // Clients caches one billing client per BillingProvider, keyed by its UID,

@@ -1,8 +1,6 @@
 package providerclient
 
 import (
-	"github.com/settlement-operator/settlement-operator/internal/credentials"
-
 	"context"
 	"fmt"
 	"net/http"
@@ -15,6 +13,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/credentials"
 )
 
 // Health remembers how the latest calls to each BillingProvider went, so that

@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/settlement-operator/settlement-operator/controllers/webhookprovider"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -29,6 +27,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/controllers/webhookprovider"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
 

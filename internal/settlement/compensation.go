@@ -3,9 +3,10 @@ package settlement
 import (
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
-	"k8s.io/apimachinery/pkg/types"
 )
 
 // ReversesRefOf is what compensation bs names at the provider: the reference pinned at

@@ -3,9 +3,10 @@ package settlement
 import (
 	"testing"
 
-	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 )
 
 // TestReversalConflict: a Void goes only alone, a Refund never beside a Void, and a

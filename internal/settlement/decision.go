@@ -9,10 +9,10 @@ import (
 )
 
 // This file is the settlement's decision: one pure function of (status, provider policy,
-// Observation, now) that says what happens next — submit, look up, poll, wait, adopt,
+// observation, now) that says what happens next — submit, look up, poll, wait, adopt,
 // dead-letter, hold or release — and what the status becomes. The reconciler only
-// carries decisions out; nothing else in the package decides whether money may move.
-// docs/design.md §11 states the model in prose; settlement_decision_test.go covers
+// carries decisions out; nothing outside this package decides whether money may move.
+// docs/design.md §11 states the model in prose; decision_test.go covers
 // every state × observation pair with a fixed clock.
 
 // maxRetryAfterFactor caps a provider's Retry-After at this many times its maxBackoff,
@@ -197,7 +197,7 @@ func HoldsMoney(st *hooksv1alpha1.BillingSettlementStatus) bool {
 }
 
 // Decide is the settlement's next step. It is pure: the same input gives the same
-// Decision.
+// decision.
 func Decide(in Input) Decision {
 	st := in.Status
 	d := Decision{State: st.State, Exposure: EffectiveExposure(st), Failures: st.Failures, LastSubmission: st.LastSubmission}

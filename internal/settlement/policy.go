@@ -3,8 +3,9 @@ package settlement
 import (
 	"time"
 
-	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 )
 
 type RetryPolicy struct {

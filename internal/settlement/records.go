@@ -4,10 +4,11 @@ import (
 	"strings"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Error classes as the CRD spells them in status.lastError.class.

@@ -3,8 +3,6 @@ package integration_test
 import (
 	"time"
 
-	"github.com/settlement-operator/settlement-operator/internal/credentials"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -14,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/credentials"
 	"github.com/settlement-operator/settlement-operator/test/fixtures"
 )
 

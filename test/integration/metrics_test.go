@@ -4,8 +4,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/settlement-operator/settlement-operator/internal/metrics"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +13,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
 )
 
 // sampleOf is the value of the series name{labels} gathered from g (false when absent).

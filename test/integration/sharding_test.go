@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/settlement-operator/settlement-operator/internal/sharding"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/utils/ptr"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/receiver"
+	"github.com/settlement-operator/settlement-operator/internal/sharding"
 	"github.com/settlement-operator/settlement-operator/internal/signature"
 	"github.com/settlement-operator/settlement-operator/test/sender"
 )

@@ -7,15 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/settlement-operator/settlement-operator/controllers/archiver"
-	"github.com/settlement-operator/settlement-operator/controllers/billingprovider"
-	"github.com/settlement-operator/settlement-operator/controllers/billingsettlement"
-	"github.com/settlement-operator/settlement-operator/controllers/jobcompletion"
-	"github.com/settlement-operator/settlement-operator/controllers/webhookevent"
-	"github.com/settlement-operator/settlement-operator/controllers/webhookprovider"
-
-	"github.com/settlement-operator/settlement-operator/internal/providerclient"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -31,7 +22,14 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/controllers/archiver"
+	"github.com/settlement-operator/settlement-operator/controllers/billingprovider"
+	"github.com/settlement-operator/settlement-operator/controllers/billingsettlement"
+	"github.com/settlement-operator/settlement-operator/controllers/jobcompletion"
+	"github.com/settlement-operator/settlement-operator/controllers/webhookevent"
+	"github.com/settlement-operator/settlement-operator/controllers/webhookprovider"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 	"github.com/settlement-operator/settlement-operator/internal/receiver"
 	"github.com/settlement-operator/settlement-operator/test/fakebilling"
 	"github.com/settlement-operator/settlement-operator/test/fakejobsink"

@@ -12,12 +12,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/settlement-operator/settlement-operator/internal/metrics"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/prometheus/promql/parser"
 	"sigs.k8s.io/yaml"
 
+	"github.com/settlement-operator/settlement-operator/internal/metrics"
 	"github.com/settlement-operator/settlement-operator/internal/receiver"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )

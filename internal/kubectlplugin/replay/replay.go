@@ -40,7 +40,7 @@ Examples:
 `
 
 // replayable says why the controller would ignore a replay of bs, or "" when it would
-// act on it. It mirrors controllers/billingsettlement_phases.go: handleReplay resumes
+// act on it. It mirrors controllers/billingsettlement/phases.go: handleReplay resumes
 // only Failed and RequiresReconciliation; checkIdentity and checkArchive stop a refused
 // settlement before handleReplay runs; a settlement being deleted runs no handleReplay.
 func replayable(bs *hooksv1alpha1.BillingSettlement) string {
