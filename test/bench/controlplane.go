@@ -77,7 +77,9 @@ func (k writeKey) String() string {
 	return s
 }
 
-// writeCounts is a snapshot of apiserver_request_total's write verbs.
+// writeCounts is a snapshot of apiserver_request_total's write verbs, and of its GETs
+// of single objects (reads past an informer's cache), kept apart: total and perEvent
+// count writes only, gets the reads.
 type writeCounts map[writeKey]float64
 
 // writes scrapes the API server's request counters. Leases are left out: the API
@@ -90,7 +92,7 @@ func (p *probe) writes(ctx context.Context) (writeCounts, error) {
 	}
 	out := writeCounts{}
 	for _, s := range parseSamples(b, func(n string) bool { return n == "apiserver_request_total" }) {
-		if !writeVerbs[s.labels["verb"]] || s.labels["resource"] == "leases" {
+		if !writeVerbs[s.labels["verb"]] && s.labels["verb"] != "GET" || s.labels["resource"] == "leases" {
 			continue
 		}
 		k := writeKey{Resource: s.labels["resource"], Subresource: s.labels["subresource"], Verb: s.labels["verb"],
@@ -115,7 +117,7 @@ func (w writeCounts) since(before writeCounts) writeCounts {
 func (w writeCounts) total(ok bool) float64 {
 	t := 0.0
 	for k, v := range w {
-		if k.OK == ok {
+		if k.OK == ok && k.Verb != "GET" {
 			t += v
 		}
 	}
@@ -131,6 +133,9 @@ func (w writeCounts) count(resource, subresource, verb string) float64 {
 func (w writeCounts) perEvent(events int) []WriteShare {
 	var out []WriteShare
 	for k, v := range w {
+		if k.Verb == "GET" {
+			continue
+		}
 		out = append(out, WriteShare{Write: k.String(), Total: int64(v), PerEvent: round(v/float64(events), 3)})
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -139,6 +144,20 @@ func (w writeCounts) perEvent(events int) []WriteShare {
 		}
 		return out[i].Write < out[j].Write
 	})
+	return out
+}
+
+// gets is the GETs of single objects of our group's kinds, per event by resource: the
+// reads that skip the informer cache (the settlement controller's live reads of
+// another settlement of the same operation, of compensations and of credentials;
+// the receiver's of a duplicate). Secrets are counted too.
+func (w writeCounts) gets(events int) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range w {
+		if k.Verb == "GET" && k.OK && v > 0 {
+			out[k.String()] = round(v/float64(events), 3)
+		}
+	}
 	return out
 }
 

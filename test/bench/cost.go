@@ -34,6 +34,7 @@ func (b *run) cost(ctx context.Context, op *operator, w0 writeCounts, e0 etcdSta
 	per := func(v float64) float64 { return round(v/float64(events), 3) }
 	c.WritesPerEvent, c.RefusedWritesPerEvent = per(d.total(true)), per(d.total(false))
 	c.Writes = d.perEvent(events)
+	c.LiveGetsPerEvent = d.gets(events)
 	c.EtcdPutsPerEvent = per(e1.Puts - e0.Puts)
 	c.EtcdHistoryBytesPerEvent = round((e1.DBInUse-e0.DBInUse)/float64(events), 0)
 	c.EtcdReceivedBytesPerEvent = round((e1.ReceivedBytes-e0.ReceivedBytes)/float64(events), 0)
@@ -73,6 +74,7 @@ func (b *run) cost(ctx context.Context, op *operator, w0 writeCounts, e0 etcdSta
 	}
 	b.logf("item 4: %.2f writes/event, %.0f stored bytes/event, %.0f history bytes/event", c.WritesPerEvent,
 		c.StoredBytesPerEvent, c.EtcdHistoryBytesPerEvent)
+	b.logf("item 4: live GETs/event (past the cache) %v", c.LiveGetsPerEvent)
 	return nil
 }
 

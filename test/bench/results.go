@@ -166,6 +166,10 @@ type Cost struct {
 	WritesPerEvent        float64      `json:"writesPerEvent"`
 	RefusedWritesPerEvent float64      `json:"refusedWritesPerEvent"`
 	Writes                []WriteShare `json:"writes"`
+	// LiveGetsPerEvent counts GETs of single objects per event by resource (reads
+	// past the informer cache, by the operator and the benchmark alike): what the
+	// settlement controller's freshness check and other live reads cost.
+	LiveGetsPerEvent map[string]float64 `json:"liveGetsPerEvent,omitempty"`
 	// UnderCapacity is the same count for the events of the level at half the
 	// pipeline's rate alone (the load an operator should run at): the overloaded
 	// levels write more, e.g. an event's status twice when its charge takes longer
