@@ -147,16 +147,19 @@ const (
 // RetryPolicy bounds how a settlement is retried. Every retry uses the same key.
 // +kubebuilder:validation:XValidation:rule="duration(self.initialBackoff) <= duration(self.maxBackoff)",message="initialBackoff must not exceed maxBackoff"
 type RetryPolicy struct {
-	// maxAttempts before the settlement is dead-lettered.
+	// maxAttempts before a settlement that provably charged nothing is dead-lettered.
+	// Unset: no cap on attempts, only maxElapsed bounds them.
 	// +optional
-	// +kubebuilder:default=10
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000
 	MaxAttempts int32 `json:"maxAttempts,omitempty"`
 
-	// maxElapsed since the first attempt before the settlement is dead-lettered.
+	// maxElapsed since the first attempt before a settlement that provably charged
+	// nothing is dead-lettered. Unset: as long as a resend under the key is safe — the
+	// key window (the shorter of idempotencyWindow and the provider's own, 24h for
+	// Stripe) less a minute and two request timeouts — so an outage shorter than the
+	// window never needs a person. Money that may have moved is never dead-lettered.
 	// +optional
-	// +kubebuilder:default="1h"
 	MaxElapsed *metav1.Duration `json:"maxElapsed,omitempty"`
 
 	// initialBackoff is the delay after the first failure; it doubles per attempt, with
@@ -241,7 +244,7 @@ type BillingProviderSpec struct {
 
 	// retry bounds retries of a settlement.
 	// +optional
-	// +kubebuilder:default={maxAttempts:10,maxElapsed:"1h",initialBackoff:"1s",maxBackoff:"5m"}
+	// +kubebuilder:default={initialBackoff:"1s",maxBackoff:"5m"}
 	Retry *RetryPolicy `json:"retry,omitempty"`
 
 	// stripe configures a provider of type Stripe: which Stripe meters usage goes to.

@@ -96,6 +96,8 @@ type settlementScope struct {
 	provider *hooksv1alpha1.BillingProvider
 	client   billing.Client
 	policy   settlement.RetryPolicy
+	// caps is what the provider can answer about this settlement's request.
+	caps billing.Capabilities
 	// target is where the provider points now (compared with status.sentTo).
 	target hooksv1alpha1.ProviderTarget
 	now    time.Time

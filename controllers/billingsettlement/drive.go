@@ -36,7 +36,7 @@ func (r *Reconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result
 	for range maxStepsPerReconcile {
 		d := settlement.Decide(settlement.Input{Status: &s.bs.Status, Policy: s.policy, Deleting: deleting,
 			ProviderChanged: s.providerChanged(), ForceLookup: s.forceLookup && !looked, LookedUp: looked,
-			Obs: obs, Now: s.now, Random: r.random()})
+			Obs: obs, Now: s.now, Random: r.random(), Caps: s.caps})
 		r.apply(ctx, s, d, obs)
 		obs = settlement.Observation{}
 		switch d.Action {

@@ -122,12 +122,24 @@ func archivedDuplicate(bs *hooksv1alpha1.BillingSettlement) bool {
 	return bs.Status.State == hooksv1alpha1.SettlementFailed && c != nil && c.Reason == hooksv1alpha1.ReasonArchivedDuplicate
 }
 
-// initExposure gives a settlement its first exposure. Only a settlement the operator
-// created together with its job's first JobCompletion — a job never seen before, so
-// nothing can have been sent under the key — starts at None and is sent directly.
-// Anything else (created again by hand or by a runbook, by a redelivery after its
-// Record was deleted, or written by an older operator) starts at Possible: the
-// provider must answer a lookup by key before the first submission.
+// initExposure gives a settlement its first exposure, from the facts (docs/design.md
+// §14): one that never recorded an attempt, and whose name and keys nothing else
+// holds — no other settlement of the same logical operation in the cluster (read from
+// the API server) and none in the archive (checkArchive has asked it) — has never been
+// presented to any provider. It starts at None and is sent directly: one call, no
+// lookup. So does one the operator created together with its job's first
+// JobCompletion (a job never seen before). Anything else — another settlement of the
+// operation is in the cluster, or an older operator wrote its status — starts at
+// Possible: the provider must answer by key before the first submission.
+//
+// Why the facts are proof: every call that could present the key is preceded by the
+// bracket, written to this object's status with an optimistic lock (a stale copy
+// cannot send); a settlement leaves the cluster only once it is in the archive and
+// read back, or when it never presented its key; and the admission policy lets no one
+// else delete it. Where those do not hold, the facts can lie: a namespace deleted
+// without an archive, an archive restored from an older copy, or a settlement deleted
+// by hand where the admission policy is not installed (docs/decisions.md "Freshness
+// from facts").
 func (r *Reconciler) initExposure(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
 	st := &s.bs.Status
 	if st.Exposure != "" {
@@ -141,11 +153,41 @@ func (r *Reconciler) initExposure(ctx context.Context, s *settlementScope) (ctrl
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if !fresh {
+		if fresh, err = r.neverPresented(ctx, s.bs); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	st.Exposure = hooksv1alpha1.ExposurePossible
 	if fresh {
 		st.Exposure = hooksv1alpha1.ExposureNone
 	}
 	return ctrl.Result{}, nil
+}
+
+// neverPresented reports whether bs never recorded an attempt and no other settlement
+// of its logical operation (its legacy name, for a key minted since keys are
+// namespaced) exists in the cluster, read live from the API server: a cached read
+// could miss one just created.
+func (r *Reconciler) neverPresented(ctx context.Context, bs *hooksv1alpha1.BillingSettlement) (bool, error) {
+	if !settlement.NeverAttempted(&bs.Status) {
+		return false, nil
+	}
+	names, _ := settlement.OperationIdentities(bs.Namespace, bs.Name, bs.Spec.SettlementKey, bs.Spec.IdempotencyKey)
+	for _, name := range names {
+		if name == bs.Name {
+			continue
+		}
+		var other hooksv1alpha1.BillingSettlement
+		err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: name}, &other)
+		switch {
+		case err == nil:
+			return false, nil
+		case !apierrors.IsNotFound(err):
+			return false, fmt.Errorf("get billingsettlement %s: %w", name, err)
+		}
+	}
+	return true, nil
 }
 
 // createdWithItsJob checks the fresh-for-job annotation against the JobCompletion it

@@ -11,6 +11,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
+	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
 	"github.com/settlement-operator/settlement-operator/internal/credentials"
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
@@ -31,7 +32,7 @@ func (r *Reconciler) resolveProvider(ctx context.Context, s *settlementScope) (c
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("get billingprovider %s: %w", bs.Spec.BillingProviderRef, err)
 	}
-	s.provider, s.policy, s.target = &bp, settlement.PolicyOf(&bp), providerclient.TargetOf(&bp)
+	s.provider, s.policy, s.target = &bp, settlement.PolicyOf(&bp, billing.Capabilities{}), providerclient.TargetOf(&bp)
 	c, err := r.clients.Get(ctx, r.APIReader, r.NewClient, &bp, r.Health)
 	if err != nil {
 		// A wait, never a failure: nothing was sent, and a settlement that may already
@@ -49,6 +50,10 @@ func (r *Reconciler) resolveProvider(ctx context.Context, s *settlementScope) (c
 	if s.reverses, s.reversesRef, err = archivelookup.ReversedKey(ctx, r.Client, r.Archive, bs); err != nil {
 		return ctrl.Result{}, err
 	}
+	// What the provider can answer about this request, and so how long a resend under
+	// its key is safe and the retry budget lasts (docs/design.md §14).
+	s.caps = billing.CapabilitiesOf(c, s.request())
+	s.policy = settlement.PolicyOf(&bp, s.caps)
 	return ctrl.Result{}, nil
 }
 

@@ -12,7 +12,6 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
-	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
 )
@@ -45,29 +44,10 @@ func Settlement(ctx context.Context, reader client.Reader, store *archive.Store,
 	return got, true, nil
 }
 
-// operationIdentities lists every name and key one logical settlement may have been
-// stored under: its own, and — for a namespaced key — the legacy key, the
-// name that key had, and the idempotency keys (legacy and namespaced) derived from it.
-// A charge made before the upgrade and archived since must stop the same operation
-// from being charged again under its new key.
-func operationIdentities(ns, name, settlementKey, idempotencyKey string) (names, keys []string) {
-	names = []string{name}
-	keys = []string{settlementKey}
-	if idempotencyKey != "" {
-		keys = append(keys, idempotencyKey)
-	}
-	if k, ok := identity.ParseSettlementKey(settlementKey); ok {
-		legacy := k.LegacyKey()
-		names = append(names, identity.SettlementName(k.Provider, legacy))
-		keys = append(keys, legacy, identity.IdempotencyKey(legacy), identity.NamespacedIdempotencyKey(ns, legacy))
-	}
-	return names, keys
-}
-
 // Operation finds the archived settlement of the same logical operation as
 // bs (nil when the archive holds none).
 func Operation(ctx context.Context, store *archive.Store, bs *hooksv1alpha1.BillingSettlement) (*hooksv1alpha1.BillingSettlement, error) {
-	names, keys := operationIdentities(bs.Namespace, bs.Name, bs.Spec.SettlementKey, bs.Spec.IdempotencyKey)
+	names, keys := settlement.OperationIdentities(bs.Namespace, bs.Name, bs.Spec.SettlementKey, bs.Spec.IdempotencyKey)
 	got, err := store.SettlementMatching(ctx, bs.Namespace, names, keys)
 	metrics.NoteArchive("BillingSettlement", err)
 	return got, err

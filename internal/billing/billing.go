@@ -93,6 +93,11 @@ type Request struct {
 	// that date usage (Stripe meter events); zero when unknown. It must be as stable as
 	// the rest of the request: it is part of what a provider compares on a repeated key.
 	OccurredAt time.Time
+	// FirstSubmittedAt is when this settlement first sent the request (zero when it
+	// never did). A provider whose records are found by listing lists only those created
+	// since, less clock skew: nothing before it can be this request's. Neither sent nor
+	// compared.
+	FirstSubmittedAt time.Time
 }
 
 // Record is the provider's view of one settlement, as returned by Submit, Lookup and

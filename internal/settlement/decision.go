@@ -137,6 +137,10 @@ type Input struct {
 	Now      time.Time
 	// Random is a number in [0, 1) for jitter; tests fix it.
 	Random float64
+	// Caps is what the provider can answer about this settlement's request
+	// (docs/design.md §14): whether it can be looked up, and whether a resend inside
+	// the key window is itself the answer.
+	Caps billing.Capabilities
 }
 
 // Decision is what to do and what the status becomes. The reconciler copies the
@@ -253,6 +257,12 @@ func nextStep(in Input, d Decision) Decision {
 		d.Action, d.Reason, d.Message = ActLookup, hooksv1alpha1.ReasonProviderPending, "polling the provider by key"
 		return d
 	case hooksv1alpha1.ExposurePossible:
+		if resendIsTheLookup(in) {
+			d.Action, d.Reason = ActSubmit, hooksv1alpha1.ReasonSubmittedToProvider
+			d.Message = "money may have moved under this key and the provider cannot be asked about it; inside its window " +
+				"a resend under the same key is its answer (a replay, or that it holds the key): sending again"
+			return d
+		}
 		d.Action, d.Reason, d.Message = ActLookup, hooksv1alpha1.ReasonAwaitingLookup,
 			"money may have moved under this key: asking the provider by key before anything is sent"
 		return d
@@ -415,6 +425,25 @@ func resendableUntil(first time.Time, p RetryPolicy) time.Time {
 	return first.Add(p.KeyWindow - resendMargin - 2*p.RequestTimeout)
 }
 
+// resendIsTheLookup reports whether a settlement whose money may be at the provider is
+// sent again instead of looked up: its provider cannot be asked (LookupNone, where a
+// lookup answers Unanswerable every time), a resend under the key is its answer
+// (ResendIsProof), and the resend is one unanswerable would make after that lookup —
+// first sent by this settlement, still inside the key window, within the retry budget,
+// not refused last, not being deleted. It saves the lookup; it decides nothing the
+// lookup's answer would not.
+func resendIsTheLookup(in Input) bool {
+	st := in.Status
+	if in.Caps.Lookup != billing.LookupNone || !in.Caps.ResendIsProof || in.Deleting ||
+		st.FirstSubmittedAt == nil || st.LastSubmission == hooksv1alpha1.SubmissionRefused {
+		return false
+	}
+	if spent, _ := budgetSpent(st, in.Policy, in.Now); spent {
+		return false
+	}
+	return in.Now.Before(resendableUntil(st.FirstSubmittedAt.Time, in.Policy))
+}
+
 // unanswerable decides after a lookup the provider cannot answer (docs/design.md §13).
 // Inside the key window since the first attempt (resendableUntil), within the retry
 // budget and not deleting, the same request goes again under the same key: the
@@ -534,7 +563,7 @@ func budgetSpent(st *hooksv1alpha1.BillingSettlementStatus, p RetryPolicy, now t
 	if st.Replay != nil && st.Replay.LastAt != nil {
 		used, start = st.Attempts-st.Replay.AttemptsBefore, st.Replay.LastAt
 	}
-	if used >= p.MaxAttempts {
+	if p.MaxAttempts > 0 && used >= p.MaxAttempts {
 		return true, fmt.Sprintf("%d attempts made (maxAttempts %d)", used, p.MaxAttempts)
 	}
 	if start != nil && now.Sub(start.Time) >= p.MaxElapsed {

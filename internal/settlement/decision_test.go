@@ -18,6 +18,10 @@ import (
 var (
 	t0     = time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
 	policy = RetryPolicy{MaxAttempts: 5, MaxElapsed: time.Hour, Initial: time.Second, Max: time.Minute, KeyWindow: 24 * time.Hour}
+	// longBudget is a budget set longer than the key window, with no cap on attempts:
+	// only the window then keeps a resend under the key safe.
+	longBudget = RetryPolicy{MaxElapsed: 48 * time.Hour, Initial: time.Second, Max: time.Minute, KeyWindow: 24 * time.Hour}
+	policies   = []RetryPolicy{policy, longBudget}
 )
 
 type (
@@ -39,15 +43,26 @@ const (
 var (
 	allStates    = []S{pending, submitted, settled, failed, rr}
 	allExposures = []E{none, possible, confirmed}
-	allObs       = []ObservationKind{ObsNone, ObsRecord, ObsNotFound, ObsTransient, ObsAmbiguous, ObsTerminal, ObsKeyReused, ObsInFlight, ObsUnanswerable}
-	recStatuses  = []string{billing.StatusPending, billing.StatusSettled, billing.StatusFailed}
+	// allCaps are the providers' shapes (docs/design.md §14): the HTTP contract (lookup
+	// by key), Stripe's invoice items (listing; a resend inside 24 h is replayed), its
+	// meter events (no lookup; a resend is the answer) and its meter-event
+	// cancellations (no lookup; a resend proves nothing).
+	allCaps = []billing.Capabilities{
+		{Lookup: billing.LookupByKey},
+		{Lookup: billing.LookupByListing, Window: 24 * time.Hour, ResendIsProof: true},
+		{Lookup: billing.LookupNone, Window: 24 * time.Hour, ResendIsProof: true},
+		{Lookup: billing.LookupNone, Window: 24 * time.Hour},
+	}
+	allObs      = []ObservationKind{ObsNone, ObsRecord, ObsNotFound, ObsTransient, ObsAmbiguous, ObsTerminal, ObsKeyReused, ObsInFlight, ObsUnanswerable}
+	recStatuses = []string{billing.StatusPending, billing.StatusSettled, billing.StatusFailed}
 )
 
 // firstAttempts are how long before now the first attempt was, for the sweep: -1
 // keeps statusOfPair's; answers the key window bounds (an unanswerable lookup) get
 // none, one well inside it, one just before resendableUntil's margin and one past it.
-func firstAttempts(st *hooksv1alpha1.BillingSettlementStatus, kind ObservationKind) []time.Duration {
-	if kind != ObsUnanswerable && kind != ObsNotFound || st.FirstSubmittedAt == nil {
+func firstAttempts(st *hooksv1alpha1.BillingSettlementStatus, kind ObservationKind, caps billing.Capabilities) []time.Duration {
+	resends := kind == ObsUnanswerable || kind == ObsNotFound || kind == ObsNone && caps.ResendIsProof
+	if !resends || st.FirstSubmittedAt == nil {
 		return []time.Duration{-1}
 	}
 	out := []time.Duration{-1, time.Minute, policy.KeyWindow - 30*time.Second, policy.KeyWindow + time.Hour}
@@ -92,26 +107,29 @@ func TestDecisionInvariants(t *testing.T) {
 									st.Attempts = policy.MaxAttempts
 								}
 								for _, last := range []hooksv1alpha1.SubmissionOutcome{"", hooksv1alpha1.SubmissionMaybeReceived, hooksv1alpha1.SubmissionNotReceived, hooksv1alpha1.SubmissionRefused} {
-									for _, firstAgo := range firstAttempts(st, kind) {
-										for _, harmless := range []bool{false, kind == ObsUnanswerable} {
-											st := st.DeepCopy()
-											st.LastSubmission = last
-											if firstAgo >= 0 && st.FirstSubmittedAt != nil {
-												st.FirstSubmittedAt = &metav1.Time{Time: t0.Add(-firstAgo)}
+									for pc := range len(allCaps) * len(policies) {
+										ci, caps, policy := pc%len(allCaps), allCaps[pc%len(allCaps)], policies[pc/len(allCaps)]
+										for _, firstAgo := range firstAttempts(st, kind, caps) {
+											for _, harmless := range []bool{false, kind == ObsUnanswerable} {
+												st := st.DeepCopy()
+												st.LastSubmission = last
+												if firstAgo >= 0 && st.FirstSubmittedAt != nil {
+													st.FirstSubmittedAt = &metav1.Time{Time: t0.Add(-firstAgo)}
+												}
+												if firstAgo == unsentFirst {
+													st.FirstSubmittedAt, st.Attempts = nil, 0
+												}
+												if st.FirstSubmittedAt != nil {
+													st.LastAttemptAt = &metav1.Time{Time: t0.Add(-5 * time.Second)}
+												}
+												in := Input{Status: st, Policy: policy, Deleting: deleting, Now: t0, Random: 0.5, Caps: caps,
+													Obs: Observation{Kind: kind, Submit: submit, Status: rs, PriorExposure: exp,
+														PriorLastSubmission: last, Message: "x", RepeatHarmless: harmless}}
+												d := Decide(in)
+												n++
+												name := fmt.Sprintf("%s/%s/%s/submit=%v/deleting=%v/spent=%v/%s/last=%s/policy=%d/caps=%d/first=-%s/harmless=%v", state, exp, kind, submit, deleting, spent, rs, last, pc/len(allCaps), ci, firstAgo, harmless)
+												checkInvariants(t, name, in, d)
 											}
-											if firstAgo == unsentFirst {
-												st.FirstSubmittedAt, st.Attempts = nil, 0
-											}
-											if st.FirstSubmittedAt != nil {
-												st.LastAttemptAt = &metav1.Time{Time: t0.Add(-5 * time.Second)}
-											}
-											in := Input{Status: st, Policy: policy, Deleting: deleting, Now: t0, Random: 0.5,
-												Obs: Observation{Kind: kind, Submit: submit, Status: rs, PriorExposure: exp,
-													PriorLastSubmission: last, Message: "x", RepeatHarmless: harmless}}
-											d := Decide(in)
-											n++
-											name := fmt.Sprintf("%s/%s/%s/submit=%v/deleting=%v/spent=%v/%s/last=%s/first=-%s/harmless=%v", state, exp, kind, submit, deleting, spent, rs, last, firstAgo, harmless)
-											checkInvariants(t, name, in, d)
 										}
 									}
 								}
@@ -140,7 +158,24 @@ func checkInvariants(t *testing.T, name string, in Input, d Decision) {
 	if d.DeadLetter && d.State != failed {
 		t.Errorf("%s: dead-lettered but state %s", name, d.State)
 	}
-	if d.Action == ActSubmit && exp != none && in.Obs.Kind != ObsNotFound && !(in.Obs.Kind == ObsUnanswerable && !in.Obs.Submit) {
+	if d.Action == ActSubmit && exp != none && in.Obs.Kind == ObsNone {
+		// Without a call in this reconcile: only where the provider cannot be asked and
+		// a resend inside its window is its answer, and only as unanswerable would resend
+		// after the lookup.
+		first := in.Status.FirstSubmittedAt
+		spent, _ := budgetSpent(in.Status, in.Policy, in.Now)
+		switch {
+		case in.Caps.Lookup != billing.LookupNone || !in.Caps.ResendIsProof:
+			t.Errorf("%s: resends without a lookup to a provider that can be asked, or whose resend proves nothing", name)
+		case first == nil:
+			t.Errorf("%s: resends without a lookup a key this record never sent", name)
+		case !in.Now.Before(resendableUntil(first.Time, in.Policy)):
+			t.Errorf("%s: resends without a lookup near or past the end of the key window", name)
+		case spent:
+			t.Errorf("%s: resends without a lookup with the retry budget spent", name)
+		}
+	}
+	if d.Action == ActSubmit && exp != none && in.Obs.Kind != ObsNotFound && in.Obs.Kind != ObsNone && !(in.Obs.Kind == ObsUnanswerable && !in.Obs.Submit) {
 		// (A lookup the provider cannot answer is answered by resending under the key,
 		// inside its window: the provider replays its first answer.)
 		t.Errorf("%s: submits with exposure %s without a lookup that answered", name, exp)
@@ -366,6 +401,35 @@ func TestDecisionTable(t *testing.T) {
 		}
 	}
 	rows = append(rows, []decisionRow{
+		{name: "money may be at a provider that cannot be asked, inside its window: the resend is the lookup",
+			st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-10 * time.Minute),
+				LastSubmission: hooksv1alpha1.SubmissionMaybeReceived},
+			in: func(in *Input) {
+				in.Caps = billing.Capabilities{Lookup: billing.LookupNone, Window: 24 * time.Hour, ResendIsProof: true}
+			},
+			action: ActSubmit, state: submitted, exp: possible},
+		{name: "money may be at a provider that can be asked by key: asked first, never resent blind",
+			st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-10 * time.Minute),
+				LastSubmission: hooksv1alpha1.SubmissionMaybeReceived},
+			in:     func(in *Input) { in.Caps = billing.Capabilities{Lookup: billing.LookupByKey} },
+			action: ActLookup, state: submitted, exp: possible},
+		{name: "money may be at a provider whose resend proves nothing (a cancellation): asked first",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-10 * time.Minute)},
+			in:     func(in *Input) { in.Caps = billing.Capabilities{Lookup: billing.LookupNone, Window: 24 * time.Hour} },
+			action: ActLookup, state: submitted, exp: possible},
+		{name: "a record that never sent, at a provider that cannot be asked: asked, never resent blind",
+			st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
+			in: func(in *Input) {
+				in.Caps = billing.Capabilities{Lookup: billing.LookupNone, Window: 24 * time.Hour, ResendIsProof: true}
+			},
+			action: ActLookup, state: pending, exp: possible},
+		{name: "past the window at a provider that cannot be asked: asked (and, unanswered, a human), never resent",
+			st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-25 * time.Hour),
+				Replay: &hooksv1alpha1.ReplayStatus{LastAt: at(-time.Minute), AttemptsBefore: 1}},
+			in: func(in *Input) {
+				in.Caps = billing.Capabilities{Lookup: billing.LookupNone, Window: 24 * time.Hour, ResendIsProof: true}
+			},
+			action: ActLookup, state: submitted, exp: possible},
 		{name: "unanswerable lookup inside the key window: resend under the same key",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-10 * time.Minute)},
 			in:     unanswerable(false),
@@ -451,6 +515,46 @@ func TestRetryWaitJittersDownward(t *testing.T) {
 		}
 		if got := RetryWait(n, policy, 0, 0.999); got >= top || got < top*8/10 {
 			t.Fatalf("failures %d random 0.999: %s not in [0.8, 1) x %s", n, got, top)
+		}
+	}
+}
+
+// TestPolicyOfDefaultsTheBudgetToTheKeyWindow: unless a BillingProvider sets them, the
+// retry budget lasts as long as a resend under the key is safe — the shorter of the
+// spec's and the provider's window, less the margins — with no cap on attempts; what
+// the spec sets wins.
+func TestPolicyOfDefaultsTheBudgetToTheKeyWindow(t *testing.T) {
+	bp := func(window time.Duration, retry *hooksv1alpha1.RetryPolicy) *hooksv1alpha1.BillingProvider {
+		return &hooksv1alpha1.BillingProvider{Spec: hooksv1alpha1.BillingProviderSpec{
+			IdempotencyWindow: &metav1.Duration{Duration: window}, RequestTimeout: &metav1.Duration{Duration: 10 * time.Second},
+			Retry: retry}}
+	}
+	stripe := billing.Capabilities{Lookup: billing.LookupNone, Window: 24 * time.Hour, ResendIsProof: true}
+	for _, c := range []struct {
+		name               string
+		bp                 *hooksv1alpha1.BillingProvider
+		caps               billing.Capabilities
+		window, maxElapsed time.Duration
+		maxAttempts        int32
+	}{
+		{"HTTP, 24h window", bp(24*time.Hour, nil), billing.Capabilities{}, 24 * time.Hour, 24*time.Hour - time.Minute - 20*time.Second, 0},
+		{"Stripe caps a longer spec window", bp(48*time.Hour, &hooksv1alpha1.RetryPolicy{}), stripe, 24 * time.Hour,
+			24*time.Hour - time.Minute - 20*time.Second, 0},
+		{"a 1h spec window", bp(time.Hour, nil), stripe, time.Hour, time.Hour - time.Minute - 20*time.Second, 0},
+		{"a window shorter than its margins", bp(time.Minute, nil), billing.Capabilities{}, time.Minute, time.Minute, 0},
+		{"set in the spec", bp(24*time.Hour, &hooksv1alpha1.RetryPolicy{MaxAttempts: 7, MaxElapsed: &metav1.Duration{Duration: 2 * time.Hour}}),
+			stripe, 24 * time.Hour, 2 * time.Hour, 7},
+	} {
+		p := PolicyOf(c.bp, c.caps)
+		if p.KeyWindow != c.window || p.MaxElapsed != c.maxElapsed || p.MaxAttempts != c.maxAttempts {
+			t.Errorf("%s: window %s, maxElapsed %s, maxAttempts %d; want %s, %s, %d", c.name, p.KeyWindow, p.MaxElapsed, p.MaxAttempts,
+				c.window, c.maxElapsed, c.maxAttempts)
+		}
+		if c.maxAttempts == 0 {
+			st := &hooksv1alpha1.BillingSettlementStatus{Attempts: 500, FirstSubmittedAt: &metav1.Time{Time: t0.Add(-10 * time.Minute)}}
+			if spent, why := budgetSpent(st, p, t0); spent && c.maxElapsed > 10*time.Minute {
+				t.Errorf("%s: 500 attempts in 10 minutes spent an uncapped budget: %s", c.name, why)
+			}
 		}
 	}
 }

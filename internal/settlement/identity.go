@@ -124,3 +124,22 @@ func New(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.SettlementFacts) *hook
 func EventHash(ev *hooksv1alpha1.WebhookEvent) string {
 	return identity.Hash32(ev.Namespace, ev.Spec.Provider, ev.Spec.EventID)
 }
+
+// OperationIdentities lists every name and key one logical settlement may have been
+// stored under: its own, and — for a namespaced key — the legacy key, the
+// name that key had, and the idempotency keys (legacy and namespaced) derived from it.
+// A charge made before the upgrade and archived since must stop the same operation
+// from being charged again under its new key.
+func OperationIdentities(ns, name, settlementKey, idempotencyKey string) (names, keys []string) {
+	names = []string{name}
+	keys = []string{settlementKey}
+	if idempotencyKey != "" {
+		keys = append(keys, idempotencyKey)
+	}
+	if k, ok := identity.ParseSettlementKey(settlementKey); ok {
+		legacy := k.LegacyKey()
+		names = append(names, identity.SettlementName(k.Provider, legacy))
+		keys = append(keys, legacy, identity.IdempotencyKey(legacy), identity.NamespacedIdempotencyKey(ns, legacy))
+	}
+	return names, keys
+}

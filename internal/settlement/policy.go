@@ -3,20 +3,34 @@ package settlement
 import (
 	"time"
 
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 )
 
+// RetryPolicy is how a settlement is retried at its provider: every retry uses the
+// same key. MaxAttempts 0 means no cap on attempts (MaxElapsed bounds them).
 type RetryPolicy struct {
 	MaxAttempts                                         int32
 	MaxElapsed, Initial, Max, KeyWindow, RequestTimeout time.Duration
 }
 
-func PolicyOf(bp *hooksv1alpha1.BillingProvider) RetryPolicy {
-	p := RetryPolicy{MaxAttempts: DefaultMaxAttempts, MaxElapsed: DefaultMaxElapsed, Initial: DefaultInitialBackoff,
-		Max: DefaultMaxBackoff, KeyWindow: DurationOr(bp.Spec.IdempotencyWindow, DefaultIdempotencyWindow),
+// PolicyOf is bp's retry policy for a request its provider answers as caps says. The
+// key window is the shorter of spec.idempotencyWindow and the provider's own
+// (caps.Window). Unless spec.retry sets them, the retry budget lasts as long as a
+// resend under the key is safe — the key window less what resendableUntil keeps clear
+// of its end — with no cap on attempts: a short outage never becomes manual work while
+// the provider would still deduplicate the resend.
+func PolicyOf(bp *hooksv1alpha1.BillingProvider, caps billing.Capabilities) RetryPolicy {
+	p := RetryPolicy{Initial: DefaultInitialBackoff, Max: DefaultMaxBackoff,
+		KeyWindow:      DurationOr(bp.Spec.IdempotencyWindow, DefaultIdempotencyWindow),
 		RequestTimeout: DurationOr(bp.Spec.RequestTimeout, DefaultRequestTimeout)}
+	if caps.Window > 0 && caps.Window < p.KeyWindow {
+		p.KeyWindow = caps.Window
+	}
+	p.MaxElapsed = max(p.KeyWindow-resendMargin-2*p.RequestTimeout, minMaxElapsed)
 	if rp := bp.Spec.Retry; rp != nil {
 		if rp.MaxAttempts > 0 {
 			p.MaxAttempts = rp.MaxAttempts
@@ -28,11 +42,13 @@ func PolicyOf(bp *hooksv1alpha1.BillingProvider) RetryPolicy {
 	return p
 }
 
+// minMaxElapsed is the shortest default retry budget, for a key window shorter than
+// its margins.
+const minMaxElapsed = time.Minute
+
 // Defaults applied when a BillingProvider predates a field (the API server defaults
 // them on write; these keep a zero from ever meaning "retry in a tight loop").
 const (
-	DefaultMaxAttempts       = 10
-	DefaultMaxElapsed        = time.Hour
 	DefaultInitialBackoff    = time.Second
 	DefaultMaxBackoff        = 5 * time.Minute
 	DefaultIdempotencyWindow = 24 * time.Hour

@@ -88,6 +88,14 @@ func FailureObservation(err error, now time.Time, st *hooksv1alpha1.BillingSettl
 	return o
 }
 
+// NeverAttempted reports whether a settlement's status records no attempt and nothing
+// learnt from a provider: no submission, no bracket, no outcome, no reference and no
+// disagreement.
+func NeverAttempted(st *hooksv1alpha1.BillingSettlementStatus) bool {
+	return st.Attempts == 0 && st.FirstSubmittedAt == nil && st.LastAttemptAt == nil && st.SentTo == nil &&
+		st.LastSubmission == "" && !st.OutcomeUnknown && st.ProviderRef == "" && st.Disagreement == nil
+}
+
 // NeverSent reports whether a settlement never presented its key to any provider.
 func NeverSent(bs *hooksv1alpha1.BillingSettlement) bool {
 	st := &bs.Status
@@ -110,6 +118,9 @@ func RequestOf(bs *hooksv1alpha1.BillingSettlement, reversesKey, reversesRef str
 	}
 	if a := bs.Spec.Amount; a != nil {
 		req.Amount = &billing.Amount{Minor: a.Minor, Currency: a.Currency}
+	}
+	if t := bs.Status.FirstSubmittedAt; t != nil {
+		req.FirstSubmittedAt = t.Time
 	}
 	return req
 }

@@ -476,7 +476,11 @@ var _ = Describe("BillingProvider validation", func() {
 		bp := provider("defaults", "https://billing.example.com")
 		Expect(k8s.Create(ctx, bp)).To(Succeed())
 		Expect(bp.Spec.Type).To(Equal(hooksv1alpha1.BillingProviderHTTP))
-		Expect(bp.Spec.Retry.MaxAttempts).To(Equal(int32(10)))
+		// Attempts and the budget are left unset: the operator derives them from the
+		// provider's key window (settlement.PolicyOf).
+		Expect(bp.Spec.Retry.MaxAttempts).To(BeZero())
+		Expect(bp.Spec.Retry.MaxElapsed).To(BeNil())
+		Expect(bp.Spec.Retry.InitialBackoff.Duration.String()).To(Equal("1s"))
 		Expect(bp.Spec.IdempotencyWindow.Duration.String()).To(Equal("24h0m0s"))
 		Expect(bp.Spec.CredentialsSecretRef.Key).To(Equal("token"))
 	})

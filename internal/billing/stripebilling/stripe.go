@@ -224,6 +224,29 @@ func (c *Client) Submit(ctx context.Context, r billing.Request) (billing.Record,
 		fmt.Sprintf("a %s of %s cannot be expressed in Stripe: void a meter event or an uninvoiced invoice item, or refund an amount (a credit)", r.Type, r.ReversesRef))
 }
 
+// Capabilities says what Stripe can answer about r (docs/design.md §14), in one place:
+//   - a usage charge (a meter event) cannot be read back (LookupNone); inside Stripe's
+//     24-hour window a resend is proof — Stripe replays the first answer under the
+//     Idempotency-Key, or answers that it holds the identifier (our idempotency key,
+//     which only this settlement sends);
+//   - an invoice item (an amount charged, or a refund as a credit) is found by listing
+//     the customer's items since the first submission; a resend under the
+//     Idempotency-Key inside 24 hours is replayed, never executed twice;
+//   - a cancellation of a meter event cannot be read back, and proves nothing when
+//     repeated (it cancels once, whatever came before: billing.Error.RepeatHarmless);
+//   - a deleted invoice item is read back by its reference.
+func (c *Client) Capabilities(r billing.Request) billing.Capabilities {
+	switch {
+	case r.Type == billing.TypeCharge && r.Usage != nil:
+		return billing.Capabilities{Lookup: billing.LookupNone, Window: KeyWindow, ResendIsProof: true}
+	case r.Amount != nil && (r.Type == billing.TypeCharge || r.Type == billing.TypeRefund):
+		return billing.Capabilities{Lookup: billing.LookupByListing, Window: KeyWindow, ResendIsProof: true}
+	case isMeterEventRef(r.ReversesRef):
+		return billing.Capabilities{Lookup: billing.LookupNone, Window: KeyWindow}
+	}
+	return billing.Capabilities{Lookup: billing.LookupByKey, Window: KeyWindow}
+}
+
 // MeterEventRef is the provider reference of a meter event: Stripe gives meter events
 // no ID, so the reference is the identifier (our idempotency key) under a prefix that
 // says so.
@@ -285,12 +308,12 @@ func (c *Client) meterEvent(ctx context.Context, r billing.Request) (billing.Rec
 	ev, err := c.sc.V1BillingMeterEvents.Create(ctx, p)
 	if err != nil {
 		if se := stripeError(err); se != nil && se.Code == stripe.ErrorCodeResourceAlreadyExists {
-			// An event with our identifier exists, but Stripe does not say what it
-			// holds: customer and value are unproven, so the record fails Match and the
-			// settlement stops for a human instead of being adopted (docs/decisions.md).
-			rec := meterRecord(r, m, value, r.IdempotencyKey)
-			rec.Omitted = []string{"customer", "usage"}
-			return rec, nil
+			// Stripe holds a meter event with our identifier, inside its uniqueness window.
+			// The identifier is the settlement's idempotency key: derived from its
+			// namespace and settlement key, whose spec is immutable, and sent by nothing
+			// but this settlement — so the event is this request, content included
+			// (docs/decisions.md "Resend as the lookup"). It is the answer, as a replay is.
+			return meterRecord(r, m, value, r.IdempotencyKey), nil
 		}
 		return billing.Record{}, classify(err, true)
 	}
@@ -528,10 +551,16 @@ func (c *Client) DateUsage(meter string, occurredAt, now time.Time) time.Time {
 func (c *Client) VoidsSettled() bool { return true }
 
 // findItem looks for the invoice item carrying r's idempotency key among the
-// customer's items, newest first, up to maxLookupItems.
+// customer's items, newest first, up to maxLookupItems: those created since r was
+// first submitted (less listingSkew for the two clocks), since nothing created before
+// can be r's — so a busy customer's older items never crowd ours out of the listing.
+// A request this settlement never submitted lists them all.
 func (c *Client) findItem(ctx context.Context, r billing.Request) (billing.Record, bool, error) {
 	p := &stripe.InvoiceItemListParams{Customer: stripe.String(r.Customer)}
 	p.Limit = stripe.Int64(100)
+	if !r.FirstSubmittedAt.IsZero() {
+		p.CreatedRange = &stripe.RangeQueryParams{GreaterThanOrEqual: r.FirstSubmittedAt.Add(-listingSkew).Unix()}
+	}
 	seen := 0
 	for it, err := range c.sc.V1InvoiceItems.List(ctx, p) {
 		if err != nil {
@@ -542,8 +571,8 @@ func (c *Client) findItem(ctx context.Context, r billing.Request) (billing.Recor
 		}
 		if seen++; seen >= maxLookupItems {
 			return billing.Record{}, false, &billing.Error{Class: billing.Terminal, Code: "lookup_too_long", Unanswerable: true,
-				Message: fmt.Sprintf("the customer has more than %d invoice items and none of the newest carries this settlement's key: "+
-					"search the Stripe dashboard for invoice items with metadata %s=%s", maxLookupItems, MetaIdempotencyKey, r.IdempotencyKey)}
+				Message: fmt.Sprintf("the customer has more than %d invoice items%s and none of the newest carries this settlement's key: "+
+					"search the Stripe dashboard for invoice items with metadata %s=%s", maxLookupItems, since(r), MetaIdempotencyKey, r.IdempotencyKey)}
 		}
 	}
 	return billing.Record{}, false, nil
@@ -551,6 +580,19 @@ func (c *Client) findItem(ctx context.Context, r billing.Request) (billing.Recor
 
 // maxLookupItems bounds how many of a customer's invoice items one lookup reads.
 const maxLookupItems = 1000
+
+// since says from when findItem listed ("" when it listed them all).
+func since(r billing.Request) string {
+	if r.FirstSubmittedAt.IsZero() {
+		return ""
+	}
+	return " created since this settlement was first sent (" + r.FirstSubmittedAt.UTC().Format(time.RFC3339) + ")"
+}
+
+// listingSkew is how far Stripe's clock may be behind ours when an invoice item's
+// creation time is compared with our first submission (Stripe itself refuses meter
+// events more than 5 minutes in the future: the same bound).
+const listingSkew = 5 * time.Minute
 
 // List pages through the invoice items created at or after since (newest first, as
 // Stripe lists), for reconciliation; items without our metadata are someone else's
