@@ -122,10 +122,13 @@ func ToStripeAmount(currency string, isoMinor int64) (int64, error) {
 		if a < 0 {
 			a = -a
 		}
-		lower := a - a%step
+		lower, instead := a-a%step, ""
+		if lower > 0 {
+			instead = money.FormatAmount(lower, cur) + " or "
+		}
+		instead += money.FormatAmount(lower+step, cur)
 		return 0, fmt.Errorf("%s cannot be sent to Stripe exactly (%s is %s), and the operator does not round money: "+
-			"bill %s or %s instead", money.FormatAmount(isoMinor, cur), cur, u.Rule,
-			money.FormatAmount(lower, cur), money.FormatAmount(lower+step, cur))
+			"bill %s instead", money.FormatAmount(isoMinor, cur), cur, u.Rule, instead)
 	case err != nil:
 		return 0, fmt.Errorf("%s is too large for Stripe's amount", money.FormatAmount(isoMinor, cur))
 	}

@@ -32,7 +32,7 @@ var stripeCases = map[string]stripeCase{
 	"BHD": {iso: 5120, stripe: 5120, refused: 5124, refusedWhy: "5.124 BHD cannot be sent to Stripe exactly"},
 	"JOD": {iso: 5120, stripe: 5120, refused: 5124, refusedWhy: "5.124 JOD cannot be sent to Stripe exactly"},
 	"KWD": {iso: 5120, stripe: 5120, refused: 5124, refusedWhy: "5.124 KWD cannot be sent to Stripe exactly (KWD is three-decimal at Stripe, and the last digit of an amount must be 0), and the operator does not round money: bill 5.120 KWD or 5.130 KWD instead"},
-	"OMR": {iso: 5120, stripe: 5120, refused: 5121, refusedWhy: "5.121 OMR cannot be sent to Stripe exactly"},
+	"OMR": {iso: 5120, stripe: 5120, refused: 5, refusedWhy: "0.005 OMR cannot be sent to Stripe exactly (OMR is three-decimal at Stripe, and the last digit of an amount must be 0), and the operator does not round money: bill 0.010 OMR instead"},
 	"TND": {iso: 5120, stripe: 5120, refused: 5129, refusedWhy: "5.129 TND cannot be sent to Stripe exactly"},
 	// Zero-decimal in ISO 4217, two decimals of 00 at Stripe: 5 ISK is 500.
 	"ISK": {iso: 5, stripe: 500}, "UGX": {iso: 5, stripe: 500},
