@@ -153,7 +153,8 @@ type Usage struct {
 
 // Amount is money in the currency's minor unit (cents for USD), never a float.
 type Amount struct {
-	// minor is the amount in the currency's minor unit, e.g. 1250 for 12.50 USD.
+	// minor is the amount in the currency's ISO 4217 minor unit, e.g. 1250 for 12.50 USD,
+	// 500 for 500 JPY; an adapter converts it to its provider's unit (Stripe's ISK is ×100).
 	// +required
 	// +kubebuilder:validation:Minimum=0
 	Minor int64 `json:"minor"`

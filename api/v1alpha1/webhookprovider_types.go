@@ -179,7 +179,8 @@ type UsageMapping struct {
 // AmountMapping locates a monetary amount in the payload.
 // +kubebuilder:validation:XValidation:rule="has(self.currency) != has(self.currencyPath)",message="set exactly one of currency or currencyPath"
 type AmountMapping struct {
-	// minor is the JSON path of the amount in minor units (an integer).
+	// minor is the JSON path of the amount in the currency's ISO 4217 minor unit (an
+	// integer: 1250 for 12.50 USD, 500 for 500 JPY, 1234 for 1.234 KWD).
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=256

@@ -56,7 +56,8 @@ type Usage struct {
 
 // Amount is money in the currency's minor unit, because floats cannot represent cents.
 type Amount struct {
-	// Minor is the amount in minor units, e.g. 1250 for 12.50 USD.
+	// Minor is the amount in the currency's ISO 4217 minor unit, e.g. 1250 for 12.50 USD,
+	// 5 for 5 ISK; an adapter whose provider counts otherwise converts (stripebilling).
 	Minor int64
 	// Currency is the ISO 4217 code, e.g. "USD".
 	Currency string

@@ -129,6 +129,8 @@ type wireUsage struct {
 	Unit     string      `json:"unit"`
 }
 
+// wireAmount's minor is ISO 4217 minor units, as billing.Amount's: this adapter sends
+// and reads it unchanged (a backend counting in other units converts on its side).
 type wireAmount struct {
 	Minor    int64  `json:"minor"`
 	Currency string `json:"currency"`

@@ -352,6 +352,69 @@ var _ = Describe("a Stripe billing provider", func() {
 		}
 	})
 
+	It("charges JPY and ISK in Stripe's units and confirms them in ISO units; refuses a KWD amount Stripe cannot take, sending nothing", func() {
+		// The payload's amount is ISO 4217 minor units, its currency per line.
+		ns := stripeTenant(func(bp *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{
+				Interval: &metav1.Duration{Duration: 2 * time.Second}, StuckAfter: &metav1.Duration{Duration: time.Second}}
+			for i := range wp.Spec.Routes {
+				if wp.Spec.Routes[i].EventType == "invoice.paid" {
+					wp.Spec.Routes[i].Operations[0].Settlement.Amount = &hooksv1alpha1.AmountMapping{Minor: ".cents", CurrencyPath: ".ccy"}
+				}
+			}
+		})
+		lineOf := func(a string) *hooksv1alpha1.BillingSettlement {
+			return &hooksv1alpha1.BillingSettlement{ObjectMeta: metav1.ObjectMeta{Namespace: ns,
+				Name: identity.SettlementNameFor("inference", identity.FieldsSettlementKey(ns, "inference", a, "1"))}}
+		}
+		sendOK(ns, "msg_stripe_currencies", `{"type":"invoice.paid","data":{"customer":"cus_cur","lines":[`+
+			`{"a":"inv-jpy","b":"1","cents":500,"ccy":"JPY"},{"a":"inv-isk","b":"1","cents":5000,"ccy":"ISK"},`+
+			`{"a":"inv-kwd","b":"1","cents":1234,"ccy":"KWD"}]}}`)
+		jpy, isk, kwd := lineOf("inv-jpy"), lineOf("inv-isk"), lineOf("inv-kwd")
+		Eventually(stateOf(jpy)).Should(Equal(hooksv1alpha1.SettlementSettled))
+		Eventually(stateOf(isk)).Should(Equal(hooksv1alpha1.SettlementSettled))
+		item := func(bs *hooksv1alpha1.BillingSettlement) fakestripe.InvoiceItem {
+			for _, it := range fake.InvoiceItems() {
+				if it.ID == get(bs).Status.ProviderRef {
+					return it
+				}
+			}
+			Fail("no invoice item for " + bs.Name)
+			return fakestripe.InvoiceItem{}
+		}
+		// 500 JPY is 500 at Stripe; 5000 ISK is 500000 (two decimals, always 00).
+		Expect(item(jpy)).To(SatisfyAll(HaveField("Amount", int64(500)), HaveField("Currency", "jpy")))
+		Expect(item(isk)).To(SatisfyAll(HaveField("Amount", int64(500000)), HaveField("Currency", "isk")))
+		// What the CHARGE column shows and the match confirmed are ISO units.
+		Expect(get(jpy).Status.Charge).To(Equal("500 JPY"))
+		Expect(get(isk).Status.Charge).To(Equal("5000 ISK"))
+		Expect(get(isk).Status.ChargedAmount).To(Equal(&hooksv1alpha1.Amount{Minor: 5000, Currency: "ISK"}))
+		Eventually(reconciled(jpy)).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.ReasonConfirmedByProvider))
+		Eventually(reconciled(isk)).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.ReasonConfirmedByProvider))
+
+		// 1.234 KWD: Stripe takes three-decimal amounts whose last digit is 0. Refused
+		// terminally with the reason, and nothing reached Stripe.
+		Eventually(stateOf(kwd)).Should(Equal(hooksv1alpha1.SettlementFailed))
+		ready := condition(get(kwd).Status.Conditions, hooksv1alpha1.ConditionReady)
+		Expect(ready.Reason).To(Equal(hooksv1alpha1.ReasonTerminalError))
+		Expect(ready.Message).To(SatisfyAll(ContainSubstring("1.234 KWD cannot be sent to Stripe exactly"),
+			ContainSubstring("bill 1.230 KWD or 1.240 KWD instead")))
+		Expect(get(kwd).Status.Exposure).To(Equal(hooksv1alpha1.ExposureNone))
+		for _, r := range fake.Requests() {
+			Expect(r.IdempotencyKey).NotTo(Equal(get(kwd).Spec.IdempotencyKey), "nothing was sent for the KWD amount")
+		}
+		Expect(fake.InvoiceItems()).To(HaveLen(2))
+
+		// A refund typed in ISO units (kubectl settlement refund --amount 1000 on ISK)
+		// is a credit of Stripe's amount.
+		refund := reversal(get(isk), "refund/inv-isk", hooksv1alpha1.SettlementRefund, &hooksv1alpha1.Amount{Minor: 1000, Currency: "ISK"})
+		Expect(k8s.Create(ctx, refund)).To(Succeed())
+		Eventually(stateOf(refund)).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		Expect(fake.InvoiceItems()).To(ContainElement(SatisfyAll(HaveField("Amount", int64(-100000)), HaveField("Currency", "isk"),
+			HaveField("Metadata", HaveKeyWithValue(stripebilling.MetaReverses, get(isk).Spec.SettlementKey)))))
+		Expect(get(refund).Status.Charge).To(Equal("1000 ISK"))
+	})
+
 	It("refuses a usage charge for a meter Stripe has no mapping for, sending nothing", func() {
 		ns := stripeTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
 			bp.Spec.Stripe.Meters[0].Meter = "gpu-seconds"

@@ -7,8 +7,11 @@
 //     payload {customer, value}, identifier = the settlement's idempotency key (Stripe
 //     enforces identifier uniqueness for at least 24 h), timestamp = when the usage
 //     happened (Stripe takes events up to 35 days old);
-//   - an amount charge is an Invoice Item (customer, amount in minor units, currency,
-//     description, metadata naming the settlement);
+//   - an amount charge is an Invoice Item (customer, amount, currency, description,
+//     metadata naming the settlement); the settlement's amount is in ISO 4217 minor
+//     units and Stripe's in its own (currency.go: JPY alike, ISK ×100, a KWD amount
+//     must end in 0), converted both ways, and refused before sending when Stripe
+//     cannot take it exactly;
 //   - compensation: a void or a usage refund of a meter event is a Meter Event
 //     Adjustment (cancel, within Stripe's 24 h); a void of an invoice item deletes it
 //     while it is not invoiced; a refund of an amount is a credit (a negative invoice
@@ -207,7 +210,7 @@ func (c *Client) Submit(ctx context.Context, r billing.Request) (billing.Record,
 	case r.Type == billing.TypeCharge && r.Usage != nil:
 		return c.meterEvent(ctx, r)
 	case r.Type == billing.TypeCharge && r.Amount != nil:
-		return c.invoiceItem(ctx, r, r.Amount.Minor)
+		return c.invoiceItem(ctx, r, false)
 	case r.Type == billing.TypeCharge:
 		return billing.Record{}, terminal("nothing_to_charge", "a charge needs usage or an amount")
 	case r.Reverses == "" || r.ReversesRef == "":
@@ -216,7 +219,7 @@ func (c *Client) Submit(ctx context.Context, r billing.Request) (billing.Record,
 		return c.cancelMeterEvent(ctx, r)
 	case r.Type == billing.TypeRefund && r.Amount != nil:
 		// A credit: a negative invoice item, for an invoice item or a meter event alike.
-		return c.invoiceItem(ctx, r, -r.Amount.Minor)
+		return c.invoiceItem(ctx, r, true)
 	case r.Type == billing.TypeVoid && strings.HasPrefix(r.ReversesRef, "ii_"):
 		return c.deleteInvoiceItem(ctx, r)
 	}
@@ -367,7 +370,21 @@ func (c *Client) cancelMeterEvent(ctx context.Context, r billing.Request) (billi
 	}, nil
 }
 
-func (c *Client) invoiceItem(ctx context.Context, r billing.Request, minor int64) (billing.Record, error) {
+// invoiceItem sends r's amount as an invoice item, negative for a credit. r.Amount is
+// in ISO 4217 minor units; Stripe's amount is converted from it (currency.go), and an
+// amount Stripe cannot take exactly is refused here, before anything is sent.
+func (c *Client) invoiceItem(ctx context.Context, r billing.Request, credit bool) (billing.Record, error) {
+	minor, err := ToStripeAmount(r.Amount.Currency, r.Amount.Minor)
+	if err != nil {
+		code := "amount_not_representable"
+		if _, unitErr := unitOf(strings.ToUpper(r.Amount.Currency)); unitErr != nil {
+			code = "currency_unit_unknown"
+		}
+		return billing.Record{}, terminal(code, err.Error())
+	}
+	if credit {
+		minor = -minor
+	}
 	md := map[string]string{}
 	for k, v := range r.Metadata {
 		md[k] = v
@@ -405,7 +422,10 @@ func description(r billing.Request) string {
 }
 
 // itemRecord reads a settlement's invoice item back; an item without our metadata
-// yields a record with those fields empty (Match then refuses it).
+// yields a record with those fields empty (Match then refuses it). Its amount is
+// converted back to ISO 4217 minor units, the unit of the request, so that Match
+// compares in one unit; an amount with no exact ISO value cannot be one we sent, and
+// the record carries no amount (Match refuses it: a human looks).
 func itemRecord(it *stripe.InvoiceItem) billing.Record {
 	rec := billing.Record{
 		ID: it.ID, Status: billing.StatusSettled, SettlementKey: it.Metadata[MetaSettlementKey],
@@ -415,11 +435,15 @@ func itemRecord(it *stripe.InvoiceItem) billing.Record {
 	if it.Customer != nil {
 		rec.Customer = it.Customer.ID
 	}
-	minor := it.Amount
+	currency := strings.ToUpper(string(it.Currency))
+	minor, err := FromStripeAmount(currency, it.Amount)
+	if err != nil {
+		return rec
+	}
 	if rec.Type == billing.TypeRefund {
 		minor = -minor // a credit is negative at Stripe, a positive refund here
 	}
-	rec.Amount = &billing.Amount{Minor: minor, Currency: strings.ToUpper(string(it.Currency))}
+	rec.Amount = &billing.Amount{Minor: minor, Currency: currency}
 	return rec
 }
 

@@ -802,3 +802,96 @@ func TestDateUsage(t *testing.T) {
 		t.Errorf("no usage time: until %v, want not dated", got)
 	}
 }
+
+// An amount is ISO 4217 minor units above the adapter and Stripe's unit at Stripe: the
+// invoice item carries Stripe's amount, the record reads it back in ISO units so the
+// match compares like with like, and an amount Stripe cannot take is refused before
+// anything is sent.
+func TestInvoiceItemCurrencies(t *testing.T) {
+	ctx := context.Background()
+	fake, c, _ := setup(t)
+	charge := func(key, currency string, minor int64) billing.Request {
+		r := amountCharge(key)
+		r.Amount = &billing.Amount{Minor: minor, Currency: currency}
+		return r
+	}
+	item := func(id string) fakestripe.InvoiceItem {
+		t.Helper()
+		for _, it := range fake.InvoiceItems() {
+			if it.ID == id {
+				return it
+			}
+		}
+		t.Fatalf("no invoice item %s at the fake", id)
+		return fakestripe.InvoiceItem{}
+	}
+	for _, tc := range []struct {
+		currency    string
+		iso, stripe int64
+	}{
+		{"JPY", 500, 500}, {"ISK", 5, 500}, {"UGX", 5000, 500000}, {"MGA", 50000, 500},
+		{"KWD", 5120, 5120}, {"HUF", 1045, 1045}, {"USD", 1250, 1250},
+	} {
+		r := charge("cur-"+tc.currency, tc.currency, tc.iso)
+		rec, err := c.Submit(ctx, r)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.currency, err)
+		}
+		mustMatch(t, r, rec)
+		if it := item(rec.ID); it.Amount != tc.stripe || it.Currency != strings.ToLower(tc.currency) {
+			t.Fatalf("%s: Stripe holds %d %s, want %d", tc.currency, it.Amount, it.Currency, tc.stripe)
+		}
+		found, ok, err := c.LookupRequest(ctx, r)
+		if err != nil || !ok {
+			t.Fatalf("%s: lookup: %v, %v", tc.currency, ok, err)
+		}
+		mustMatch(t, r, found)
+		// A credit of part of it: the same conversion, negative at Stripe.
+		refund := refundOf(r, rec.ID, "stl_cur-"+tc.currency+"_r", tc.iso)
+		refund.Amount.Currency = tc.currency
+		credit, err := c.Submit(ctx, refund)
+		if err != nil {
+			t.Fatalf("%s refund: %v", tc.currency, err)
+		}
+		mustMatch(t, refund, credit)
+		if it := item(credit.ID); it.Amount != -tc.stripe {
+			t.Fatalf("%s: Stripe holds a credit of %d, want %d", tc.currency, it.Amount, -tc.stripe)
+		}
+	}
+	// Reconciliation lists the items back in ISO units.
+	recs, _, err := c.List(ctx, time.Now().Add(-time.Hour), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rec := range recs {
+		if rec.Amount.Currency == "ISK" && rec.Amount.Minor != 5 || rec.Amount.Currency == "MGA" && rec.Amount.Minor != 50000 {
+			t.Fatalf("listed %+v, want ISO units", rec.Amount)
+		}
+	}
+
+	// Refused, terminally, with nothing sent: a KWD amount whose last digit is not 0,
+	// whole ariary only, a currency with no documented Stripe unit, and the same for a
+	// credit.
+	sent := len(fake.Requests())
+	for _, tc := range []struct {
+		r          billing.Request
+		code, want string
+	}{
+		{charge("kwd-odd", "KWD", 1234), "amount_not_representable", "1.234 KWD cannot be sent to Stripe exactly"},
+		{charge("mga-frac", "MGA", 150), "amount_not_representable", "1.50 MGA cannot be sent to Stripe exactly"},
+		{charge("iqd", "IQD", 1000), "currency_unit_unknown", "Stripe documents no amount unit for IQD"},
+		{func() billing.Request {
+			r := refundOf(amountCharge("x"), "ii_123", "stl_kwd_r", 5)
+			r.Amount.Currency = "KWD"
+			return r
+		}(), "amount_not_representable", "0.005 KWD cannot be sent to Stripe exactly"},
+	} {
+		_, err := c.Submit(ctx, tc.r)
+		if e := class(t, err); e.Class != billing.Terminal || e.Code != tc.code || !strings.Contains(e.Message, tc.want) {
+			t.Fatalf("%s: got %+v", tc.r.IdempotencyKey, e)
+		}
+	}
+	if n := len(fake.Requests()); n != sent {
+		t.Fatalf("%d requests reached Stripe for amounts it cannot take", n-sent)
+	}
+}
