@@ -98,6 +98,8 @@ type settlementScope struct {
 	policy   settlement.RetryPolicy
 	// caps is what the provider can answer about this settlement's request.
 	caps billing.Capabilities
+	// neverPresented caches neverPresented's answer for the reconcile (nil: not asked).
+	neverPresented *bool
 	// target is where the provider points now (compared with status.sentTo).
 	target hooksv1alpha1.ProviderTarget
 	now    time.Time

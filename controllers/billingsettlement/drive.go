@@ -34,9 +34,18 @@ func (r *Reconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result
 	var obs settlement.Observation
 	looked, submitted := false, false
 	for range maxStepsPerReconcile {
+		// The facts matter only where a lookup cannot answer for a settlement that
+		// never sent: read them then, once per reconcile.
+		neverPresented := false
+		if obs.Kind == settlement.ObsUnanswerable && s.bs.Status.FirstSubmittedAt == nil {
+			var err error
+			if neverPresented, err = r.neverPresented(ctx, s); err != nil {
+				return ctrl.Result{}, err
+			}
+		}
 		d := settlement.Decide(settlement.Input{Status: &s.bs.Status, Policy: s.policy, Deleting: deleting,
 			ProviderChanged: s.providerChanged(), ForceLookup: s.forceLookup && !looked, LookedUp: looked,
-			Obs: obs, Now: s.now, Random: r.random(), Caps: s.caps})
+			Obs: obs, Now: s.now, Random: r.random(), Caps: s.caps, NeverPresented: neverPresented})
 		r.apply(ctx, s, d, obs)
 		obs = settlement.Observation{}
 		switch d.Action {
@@ -49,7 +58,9 @@ func (r *Reconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result
 			if s.lookupOnly != "" {
 				r.cond(s.bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonInvalidIdentity,
 					s.lookupOnly+"; it is only ever asked for by key, never sent again")
-				return ctrl.Result{}, nil
+				// Asked again later: past the key window the decision goes to a lookup,
+				// and an unanswered one to a human.
+				return ctrl.Result{RequeueAfter: s.policy.Max}, nil
 			}
 			submitted = true
 			var held providerHold

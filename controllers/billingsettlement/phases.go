@@ -17,6 +17,8 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/index"
@@ -122,24 +124,17 @@ func archivedDuplicate(bs *hooksv1alpha1.BillingSettlement) bool {
 	return bs.Status.State == hooksv1alpha1.SettlementFailed && c != nil && c.Reason == hooksv1alpha1.ReasonArchivedDuplicate
 }
 
-// initExposure gives a settlement its first exposure, from the facts (docs/design.md
-// §14): one that never recorded an attempt, and whose name and keys nothing else
-// holds — no other settlement of the same logical operation in the cluster (read from
-// the API server) and none in the archive (checkArchive has asked it) — has never been
-// presented to any provider. It starts at None and is sent directly: one call, no
-// lookup. So does one the operator created together with its job's first
-// JobCompletion (a job never seen before). Anything else — another settlement of the
-// operation is in the cluster, or an older operator wrote its status — starts at
-// Possible: the provider must answer by key before the first submission.
-//
-// Why the facts are proof: every call that could present the key is preceded by the
-// bracket, written to this object's status with an optimistic lock (a stale copy
-// cannot send); a settlement leaves the cluster only once it is in the archive and
-// read back, or when it never presented its key; and the admission policy lets no one
-// else delete it. Where those do not hold, the facts can lie: a namespace deleted
-// without an archive, an archive restored from an older copy, or a settlement deleted
-// by hand where the admission policy is not installed (docs/decisions.md "Freshness
-// from facts").
+// initExposure gives a settlement its first exposure. None — sent directly, one call,
+// no lookup — for one the operator created together with its job's first
+// JobCompletion (a job never seen before), and, where its provider cannot be asked
+// about the request at all (billing.LookupNone: Stripe's meter events), for one the
+// facts say was never presented (neverPresented). Anything else starts at Possible:
+// the provider must answer by key before the first submission. A provider that can be
+// asked keeps that lookup: it finds a charge whose record was lost (a namespace
+// deleted without an archive, a settlement deleted by hand) and is re-created by a
+// person, which the facts cannot see (docs/decisions.md "Where a settlement starts").
+// Until the BillingProvider exists the exposure is left unset (a never-sent settlement
+// counts as None: settlement.EffectiveExposure), and decided once it does.
 func (r *Reconciler) initExposure(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
 	st := &s.bs.Status
 	if st.Exposure != "" {
@@ -154,8 +149,18 @@ func (r *Reconciler) initExposure(ctx context.Context, s *settlementScope) (ctrl
 		return ctrl.Result{}, err
 	}
 	if !fresh {
-		if fresh, err = r.neverPresented(ctx, s.bs); err != nil {
-			return ctrl.Result{}, err
+		var bp hooksv1alpha1.BillingProvider
+		err := r.Get(ctx, types.NamespacedName{Namespace: s.bs.Namespace, Name: s.bs.Spec.BillingProviderRef}, &bp)
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil // decided once it exists; resolveProvider waits for it
+		}
+		if err != nil {
+			return ctrl.Result{}, fmt.Errorf("get billingprovider %s: %w", s.bs.Spec.BillingProviderRef, err)
+		}
+		if adapters.Capabilities(&bp, s.request()).Lookup == billing.LookupNone {
+			if fresh, err = r.neverPresented(ctx, s); err != nil {
+				return ctrl.Result{}, err
+			}
 		}
 	}
 	st.Exposure = hooksv1alpha1.ExposurePossible
@@ -165,13 +170,30 @@ func (r *Reconciler) initExposure(ctx context.Context, s *settlementScope) (ctrl
 	return ctrl.Result{}, nil
 }
 
-// neverPresented reports whether bs never recorded an attempt and no other settlement
-// of its logical operation (its legacy name, for a key minted since keys are
-// namespaced) exists in the cluster, read live from the API server: a cached read
-// could miss one just created.
-func (r *Reconciler) neverPresented(ctx context.Context, bs *hooksv1alpha1.BillingSettlement) (bool, error) {
-	if !settlement.NeverAttempted(&bs.Status) {
-		return false, nil
+// neverPresented reports whether the facts say s's settlement never presented its key
+// anywhere (docs/design.md §14): its status records no attempt, no other settlement of
+// its logical operation (its legacy name, for a key minted since keys are namespaced)
+// exists in the cluster — read live from the API server, since a cached read could
+// miss one just created — and the archive holds none (checkArchive asked it earlier in
+// this reconcile, and holds back a settlement while the archive does not answer). The
+// answer is kept for the reconcile.
+//
+// Why the facts are proof: every call that could present the key is preceded by the
+// bracket, written to this object's status with an optimistic lock (a stale copy
+// cannot send); a settlement leaves the cluster only once it is in the archive and
+// read back, or when it never presented its key; and the admission policy lets no one
+// else delete it. Where those do not hold — a namespace deleted without an archive, an
+// archive restored from an older copy, a settlement deleted by hand where the admission
+// policy is not installed — the facts can lie, which is why they decide only where
+// the provider cannot.
+func (r *Reconciler) neverPresented(ctx context.Context, s *settlementScope) (bool, error) {
+	if s.neverPresented != nil {
+		return *s.neverPresented, nil
+	}
+	bs := s.bs
+	answer := func(v bool) (bool, error) { s.neverPresented = &v; return v, nil }
+	if !settlement.NeverAttempted(&bs.Status) || !bs.DeletionTimestamp.IsZero() {
+		return answer(false)
 	}
 	names, _ := settlement.OperationIdentities(bs.Namespace, bs.Name, bs.Spec.SettlementKey, bs.Spec.IdempotencyKey)
 	for _, name := range names {
@@ -182,12 +204,12 @@ func (r *Reconciler) neverPresented(ctx context.Context, bs *hooksv1alpha1.Billi
 		err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: name}, &other)
 		switch {
 		case err == nil:
-			return false, nil
+			return answer(false)
 		case !apierrors.IsNotFound(err):
 			return false, fmt.Errorf("get billingsettlement %s: %w", name, err)
 		}
 	}
-	return true, nil
+	return answer(true)
 }
 
 // createdWithItsJob checks the fresh-for-job annotation against the JobCompletion it

@@ -99,6 +99,10 @@ type Request struct {
 	// since, less clock skew: nothing before it can be this request's. Neither sent nor
 	// compared.
 	FirstSubmittedAt time.Time
+	// KeyNamespaced: IdempotencyKey is derived from the settlement's namespace and
+	// settlement key, so nothing but this settlement ever sends it (a legacy key is the
+	// same in every namespace). Neither sent nor compared.
+	KeyNamespaced bool
 }
 
 // Record is the provider's view of one settlement, as returned by Submit, Lookup and

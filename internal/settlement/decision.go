@@ -141,6 +141,11 @@ type Input struct {
 	// (docs/design.md §14): whether it can be looked up, and whether a resend inside
 	// the key window is itself the answer.
 	Caps billing.Capabilities
+	// NeverPresented: the facts say this settlement never presented its key anywhere —
+	// no attempt recorded, no other settlement of its operation in the cluster, none in
+	// the archive (docs/design.md §14). Where the provider cannot answer a lookup, the
+	// facts do.
+	NeverPresented bool
 }
 
 // Decision is what to do and what the status becomes. The reconciler copies the
@@ -473,6 +478,12 @@ func unanswerable(in Input, d Decision) Decision {
 	switch {
 	case in.Obs.Submit || in.Deleting || spent || refused:
 	case first != nil && in.Now.Before(resendableUntil(first.Time, in.Policy)):
+		d.Action, d.Reason = ActSubmit, hooksv1alpha1.ReasonSubmittedToProvider
+		return d
+	case first == nil && in.NeverPresented:
+		// The provider cannot say whether it holds the key; the facts can: nothing in
+		// the cluster or the archive holds this settlement's name or keys, and it never
+		// recorded an attempt, so the key was never presented (docs/design.md §14).
 		d.Action, d.Reason = ActSubmit, hooksv1alpha1.ReasonSubmittedToProvider
 		return d
 	case first == nil && in.Obs.RepeatHarmless:

@@ -111,24 +111,26 @@ func TestDecisionInvariants(t *testing.T) {
 										ci, caps, policy := pc%len(allCaps), allCaps[pc%len(allCaps)], policies[pc/len(allCaps)]
 										for _, firstAgo := range firstAttempts(st, kind, caps) {
 											for _, harmless := range []bool{false, kind == ObsUnanswerable} {
-												st := st.DeepCopy()
-												st.LastSubmission = last
-												if firstAgo >= 0 && st.FirstSubmittedAt != nil {
-													st.FirstSubmittedAt = &metav1.Time{Time: t0.Add(-firstAgo)}
+												for _, neverPresented := range []bool{false, kind == ObsUnanswerable && firstAgo == unsentFirst} {
+													st := st.DeepCopy()
+													st.LastSubmission = last
+													if firstAgo >= 0 && st.FirstSubmittedAt != nil {
+														st.FirstSubmittedAt = &metav1.Time{Time: t0.Add(-firstAgo)}
+													}
+													if firstAgo == unsentFirst {
+														st.FirstSubmittedAt, st.Attempts = nil, 0
+													}
+													if st.FirstSubmittedAt != nil {
+														st.LastAttemptAt = &metav1.Time{Time: t0.Add(-5 * time.Second)}
+													}
+													in := Input{Status: st, Policy: policy, Deleting: deleting, Now: t0, Random: 0.5, Caps: caps,
+														Obs: Observation{Kind: kind, Submit: submit, Status: rs, PriorExposure: exp,
+															PriorLastSubmission: last, Message: "x", RepeatHarmless: harmless}, NeverPresented: neverPresented}
+													d := Decide(in)
+													n++
+													name := fmt.Sprintf("%s/%s/%s/submit=%v/deleting=%v/spent=%v/%s/last=%s/policy=%d/caps=%d/first=-%s/harmless=%v/neverPresented=%v", state, exp, kind, submit, deleting, spent, rs, last, pc/len(allCaps), ci, firstAgo, harmless, neverPresented)
+													checkInvariants(t, name, in, d)
 												}
-												if firstAgo == unsentFirst {
-													st.FirstSubmittedAt, st.Attempts = nil, 0
-												}
-												if st.FirstSubmittedAt != nil {
-													st.LastAttemptAt = &metav1.Time{Time: t0.Add(-5 * time.Second)}
-												}
-												in := Input{Status: st, Policy: policy, Deleting: deleting, Now: t0, Random: 0.5, Caps: caps,
-													Obs: Observation{Kind: kind, Submit: submit, Status: rs, PriorExposure: exp,
-														PriorLastSubmission: last, Message: "x", RepeatHarmless: harmless}}
-												d := Decide(in)
-												n++
-												name := fmt.Sprintf("%s/%s/%s/submit=%v/deleting=%v/spent=%v/%s/last=%s/policy=%d/caps=%d/first=-%s/harmless=%v", state, exp, kind, submit, deleting, spent, rs, last, pc/len(allCaps), ci, firstAgo, harmless)
-												checkInvariants(t, name, in, d)
 											}
 										}
 									}
@@ -182,8 +184,10 @@ func checkInvariants(t *testing.T, name string, in Input, d Decision) {
 	}
 	if d.Action == ActSubmit && in.Obs.Kind == ObsUnanswerable {
 		switch first := in.Status.FirstSubmittedAt; {
-		case first == nil && !in.Obs.RepeatHarmless:
-			t.Errorf("%s: resends after an unanswerable lookup a key this record never sent", name)
+		case first == nil && !in.Obs.RepeatHarmless && !in.NeverPresented:
+			t.Errorf("%s: resends after an unanswerable lookup a key this record never sent, and the facts do not say nothing else did", name)
+		case first == nil && in.NeverPresented:
+			// The facts answer where the provider cannot: nothing ever presented the key.
 		case first == nil:
 			// A cancellation never sent by this record: sending it twice cancels once.
 		case in.Obs.RepeatHarmless && in.Status.LastSubmission == hooksv1alpha1.SubmissionRefused:
@@ -430,6 +434,10 @@ func TestDecisionTable(t *testing.T) {
 				in.Caps = billing.Capabilities{Lookup: billing.LookupNone, Window: 24 * time.Hour, ResendIsProof: true}
 			},
 			action: ActLookup, state: submitted, exp: possible},
+		{name: "unanswerable lookup for a record the facts say was never presented: sent, the facts answer",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
+			in:     func(in *Input) { unanswerable(false)(in); in.NeverPresented = true },
+			action: ActSubmit, state: pending, exp: possible},
 		{name: "unanswerable lookup inside the key window: resend under the same key",
 			st:     hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-10 * time.Minute)},
 			in:     unanswerable(false),

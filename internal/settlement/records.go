@@ -9,6 +9,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
 )
 
 // Error classes as the CRD spells them in status.lastError.class.
@@ -122,5 +123,6 @@ func RequestOf(bs *hooksv1alpha1.BillingSettlement, reversesKey, reversesRef str
 	if t := bs.Status.FirstSubmittedAt; t != nil {
 		req.FirstSubmittedAt = t.Time
 	}
+	req.KeyNamespaced = bs.Spec.IdempotencyKey == identity.NamespacedIdempotencyKey(bs.Namespace, bs.Spec.SettlementKey)
 	return req
 }

@@ -54,7 +54,7 @@ var _ = Describe("a Stripe charge that was never presented", func() {
 		GinkgoHelper()
 		Eventually(stateOf(bs)).Should(Equal(hooksv1alpha1.SettlementSettled))
 		got := get(bs)
-		Expect(got.Status.Attempts).To(Equal(int32(1)), "one submission, no lookup before it")
+		Expect(got.Status.Attempts).To(Equal(int32(1)), "one submission")
 		Expect(fake.Charges(got.Spec.IdempotencyKey)).To(Equal(1))
 		return got
 	}
@@ -98,6 +98,27 @@ var _ = Describe("a Stripe charge that was never presented", func() {
 			}
 		}
 		Expect(ours).To(Equal(1))
+	})
+
+	It("charges a job whose second completion is dispatched first once, as one meter event", func() {
+		ns := stripeTenant()
+		sendOK(ns, "msg_v2_first", jobEvent("job-v2-first", 2, 20))
+		Eventually(settlementState(ns, "job-v2-first")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		sendOK(ns, "msg_v1_late", jobEvent("job-v2-first", 1, 10))
+		bs := settlementOf(ns, "job-v2-first")
+		Expect(bs.Status.Attempts).To(Equal(int32(1)), "one submission")
+		Consistently(fake.MeterEvents).WithTimeout(3 * time.Second).Should(ConsistOf(
+			SatisfyAll(HaveField("Identifier", bs.Spec.IdempotencyKey), HaveField("Value", "20"))))
+	})
+
+	It("charges a job whose second completion follows its first once, as one meter event", func() {
+		ns := stripeTenant()
+		sendOK(ns, "msg_v1", jobEvent("job-v1-v2", 1, 10))
+		Eventually(settlementState(ns, "job-v1-v2")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		sendOK(ns, "msg_v2", jobEvent("job-v1-v2", 2, 10))
+		bs := settlementOf(ns, "job-v1-v2")
+		Expect(bs.Status.Attempts).To(Equal(int32(1)))
+		Consistently(fake.MeterEvents).WithTimeout(3 * time.Second).Should(HaveLen(1))
 	})
 
 	It("takes Stripe's duplicate identifier inside its window as proof that the meter event is there: one event", func() {

@@ -78,6 +78,15 @@ func newStripe(s Settings) (billing.Client, error) {
 	return stripebilling.New(stripebilling.Config{Endpoint: s.Provider.Spec.Endpoint, APIKey: s.Token, Timeout: s.Timeout, Meters: meters})
 }
 
+// Capabilities is what the provider of bp's type can answer about r (docs/design.md
+// §14), without building a client: as the adapter declares it.
+func Capabilities(bp *hooksv1alpha1.BillingProvider, r billing.Request) billing.Capabilities {
+	if bp.Spec.Type == hooksv1alpha1.BillingProviderStripe {
+		return stripebilling.RequestCapabilities(r)
+	}
+	return billing.Capabilities{Lookup: billing.LookupByKey}
+}
+
 // Mode is the key mode an adapter reports (a Stripe key's "test" or "live"), or "".
 func Mode(c billing.Client) string {
 	if m, ok := billing.Unwrap(c).(interface{ Mode() stripebilling.Mode }); ok {

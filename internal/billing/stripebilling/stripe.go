@@ -238,7 +238,11 @@ func (c *Client) Submit(ctx context.Context, r billing.Request) (billing.Record,
 //   - a cancellation of a meter event cannot be read back, and proves nothing when
 //     repeated (it cancels once, whatever came before: billing.Error.RepeatHarmless);
 //   - a deleted invoice item is read back by its reference.
-func (c *Client) Capabilities(r billing.Request) billing.Capabilities {
+func (c *Client) Capabilities(r billing.Request) billing.Capabilities { return RequestCapabilities(r) }
+
+// RequestCapabilities is Capabilities without a client, for deciding before one is
+// built (a settlement's first exposure).
+func RequestCapabilities(r billing.Request) billing.Capabilities {
 	switch {
 	case r.Type == billing.TypeCharge && r.Usage != nil:
 		return billing.Capabilities{Lookup: billing.LookupNone, Window: KeyWindow, ResendIsProof: true}
@@ -312,11 +316,17 @@ func (c *Client) meterEvent(ctx context.Context, r billing.Request) (billing.Rec
 	if err != nil {
 		if se := stripeError(err); se != nil && se.Code == stripe.ErrorCodeResourceAlreadyExists {
 			// Stripe holds a meter event with our identifier, inside its uniqueness window.
-			// The identifier is the settlement's idempotency key: derived from its
-			// namespace and settlement key, whose spec is immutable, and sent by nothing
-			// but this settlement — so the event is this request, content included
-			// (docs/decisions.md "Resend as the lookup"). It is the answer, as a replay is.
-			return meterRecord(r, m, value, r.IdempotencyKey), nil
+			// A namespaced idempotency key is derived from the settlement's namespace and
+			// settlement key, whose spec is immutable, and sent by nothing but this
+			// settlement — so the event is this request, content included, and the answer,
+			// as a replay is (docs/decisions.md "Resend as the lookup"). A legacy key is
+			// the same in every namespace: another tenant's event may hold it, so its
+			// record proves existence only, fails Match, and a human looks.
+			rec := meterRecord(r, m, value, r.IdempotencyKey)
+			if !r.KeyNamespaced {
+				rec.Omitted = []string{"customer", "usage"}
+			}
+			return rec, nil
 		}
 		return billing.Record{}, classify(err, true)
 	}
@@ -614,9 +624,11 @@ func since(r billing.Request) string {
 }
 
 // listingSkew is how far Stripe's clock may be behind ours when an invoice item's
-// creation time is compared with our first submission (Stripe itself refuses meter
-// events more than 5 minutes in the future: the same bound).
-const listingSkew = 5 * time.Minute
+// creation time is compared with our first submission: generous (an hour, where
+// Stripe itself refuses meter events only 5 minutes in the future), since an item
+// hidden by a wrong clock would read as "not found" — it still keeps a busy
+// customer's history out of the listing.
+const listingSkew = time.Hour
 
 // List pages through the invoice items created at or after since (newest first, as
 // Stripe lists), for reconciliation; items without our metadata are someone else's

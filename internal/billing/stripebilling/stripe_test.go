@@ -139,11 +139,32 @@ func TestMeterEventExactlyOnce(t *testing.T) {
 		}
 	})
 
-	t.Run("past the key window a duplicate identifier is this request: its record is the answer", func(t *testing.T) {
-		// The identifier is the settlement's idempotency key, which nothing but that
-		// settlement sends (docs/decisions.md "Resend as the lookup").
+	t.Run("past the key window a duplicate legacy identifier proves an event exists, not what it holds", func(t *testing.T) {
+		// A legacy key is the same in every namespace: another tenant's event may hold it.
+		fake, c, _ := setup(t)
+		r := usageCharge("forgotten-legacy")
+		if _, err := c.Submit(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		fake.ForgetKeys()
+		rec, err := c.Submit(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m, ok := billing.Match(r, rec); ok || !m.Missing {
+			t.Fatalf("a duplicate legacy identifier's record was adoptable: %+v", rec)
+		}
+		if n := fake.Charges(r.IdempotencyKey); n != 1 {
+			t.Fatalf("charges = %d, want 1", n)
+		}
+	})
+
+	t.Run("past the key window a duplicate namespaced identifier is this request: its record is the answer", func(t *testing.T) {
+		// The identifier is the settlement's namespaced idempotency key, which nothing
+		// but that settlement sends (docs/decisions.md "Resend as the lookup").
 		fake, c, _ := setup(t)
 		r := usageCharge("forgotten")
+		r.KeyNamespaced = true
 		if _, err := c.Submit(ctx, r); err != nil {
 			t.Fatal(err)
 		}
