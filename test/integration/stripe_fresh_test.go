@@ -33,20 +33,11 @@ func withUsageItems(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookP
 // asked by key (Stripe's meter events), anything else would end in
 // RequiresReconciliation without a single attempt.
 var _ = Describe("a Stripe charge that was never presented", func() {
-	const stripeKey = "sk_test_operator"
 	var fake *fakestripe.Server
-
-	BeforeEach(func() {
-		var err error
-		fake, err = fakestripe.Start(fakestripe.Options{APIKey: stripeKey,
-			Meters: []fakestripe.Meter{{ID: "mtr_tokens", EventName: "tokens_used"}}})
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(fake.Close)
-	})
+	BeforeEach(func() { fake = startFakeStripe() })
 	stripeTenant := func(mutate ...func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider)) string {
 		GinkgoHelper()
-		return newTenantWithToken(stripeKey, append([]func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider){
-			stripeBilling(fake), withLines, withUsageItems}, mutate...)...)
+		return stripeTenantOn(fake, append([]func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider){withUsageItems}, mutate...)...)
 	}
 	// sentOnce waits for bs to settle and checks that it was sent once and looked up
 	// never: one POST, and the one record at the fake.

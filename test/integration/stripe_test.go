@@ -28,25 +28,37 @@ func stripeBilling(fake *fakestripe.Server) func(*hooksv1alpha1.BillingProvider,
 	}
 }
 
+// stripeAPIKey is the Stripe-shaped fake's key (test mode).
+const stripeAPIKey = "sk_test_operator"
+
+// startFakeStripe starts a Stripe-shaped fake with the meter mtr_tokens (event name
+// tokens_used), closed when the spec ends.
+func startFakeStripe() *fakestripe.Server {
+	GinkgoHelper()
+	fake, err := fakestripe.Start(fakestripe.Options{APIKey: stripeAPIKey,
+		Meters: []fakestripe.Meter{{ID: "mtr_tokens", EventName: "tokens_used"}}})
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(fake.Close)
+	return fake
+}
+
+// stripeTenantOn makes a tenant billing through fake, with the invoice-line route
+// (withLines) and mutate applied.
+func stripeTenantOn(fake *fakestripe.Server, mutate ...func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider)) string {
+	GinkgoHelper()
+	return newTenantWithToken(stripeAPIKey, append([]func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider){
+		stripeBilling(fake), withLines}, mutate...)...)
+}
+
 // The billing rows of the failure matrix (docs/design.md §9) against the Stripe-shaped
 // fake (test/fakestripe: Stripe's idempotency layer, meter events, invoice items), each
 // ending with exactly one charge per key in its ledger.
 var _ = Describe("a Stripe billing provider", func() {
-	const stripeKey = "sk_test_operator"
 	var fake *fakestripe.Server
-
-	BeforeEach(func() {
-		var err error
-		fake, err = fakestripe.Start(fakestripe.Options{APIKey: stripeKey,
-			Meters: []fakestripe.Meter{{ID: "mtr_tokens", EventName: "tokens_used"}}})
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(fake.Close)
-	})
-
+	BeforeEach(func() { fake = startFakeStripe() })
 	stripeTenant := func(mutate ...func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider)) string {
 		GinkgoHelper()
-		return newTenantWithToken(stripeKey, append([]func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider){
-			stripeBilling(fake), withLines}, mutate...)...)
+		return stripeTenantOn(fake, mutate...)
 	}
 	invoice := func(customer string, cents int) string {
 		return fmt.Sprintf(`{"type":"invoice.paid","data":{"customer":%q,"lines":[{"a":"inv","b":"1","cents":%d}]}}`, customer, cents)
