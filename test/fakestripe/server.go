@@ -210,6 +210,13 @@ func (s *Server) SlowNext(n int, path string, d time.Duration) {
 	s.addFaults(n, fault{kind: faultSlow, path: path, delay: d})
 }
 
+// ClearFaults drops every fault not taken yet: the outage ends.
+func (s *Server) ClearFaults() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = nil
+}
+
 func (s *Server) addFaults(n int, f fault) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

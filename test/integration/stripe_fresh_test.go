@@ -2,11 +2,13 @@ package integration_test
 
 import (
 	"fmt"
+	"net/http"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing/stripebilling"
@@ -110,6 +112,45 @@ var _ = Describe("a Stripe charge that was never presented", func() {
 		bs := settlementOf(ns, "job-v1-v2")
 		Expect(bs.Status.Attempts).To(Equal(int32(1)))
 		Consistently(fake.MeterEvents).WithTimeout(3 * time.Second).Should(HaveLen(1))
+	})
+
+	// outage fails every meter event POST with a 500 (ambiguous: Stripe may have
+	// executed it) until the settlement's first attempt is made to look two hours old,
+	// then ends; it returns the settlement.
+	outage := func(ns, job string) *hooksv1alpha1.BillingSettlement {
+		GinkgoHelper()
+		fake.FailNext(10000, "/v1/billing/meter_events", http.StatusInternalServerError, "api_error", "", "")
+		sendOK(ns, "msg_"+job, jobEvent(job, 1, 64))
+		Eventually(settlementState(ns, job)).ShouldNot(BeEmpty())
+		Eventually(func() int32 { return settlementOf(ns, job).Status.Attempts }).Should(BeNumerically(">=", 2))
+		bs := settlementOf(ns, job)
+		patch := client.MergeFrom(bs.DeepCopy())
+		bs.Status.FirstSubmittedAt = &metav1.Time{Time: time.Now().Add(-2 * time.Hour)}
+		Expect(k8s.Status().Patch(ctx, bs, patch)).To(Succeed())
+		fake.ClearFaults()
+		return bs
+	}
+	fastRetries := func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+		bp.Spec.Retry.InitialBackoff, bp.Spec.Retry.MaxBackoff = fixtures.Duration(500*time.Millisecond), fixtures.Duration(time.Second)
+		bp.Spec.Retry.MaxAttempts, bp.Spec.Retry.MaxElapsed = 0, nil // as the CRD leaves them
+	}
+
+	It("settles a meter event through an outage longer than an hour on its own, once", func() {
+		ns := stripeTenant(fastRetries)
+		bs := outage(ns, "job-long-outage")
+		Eventually(stateOf(bs)).WithTimeout(40 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		Expect(get(bs).Status.Attempts).To(BeNumerically(">=", 3))
+		Expect(fake.MeterEvents()).To(HaveLen(1))
+	})
+
+	It("stops for a human after the same outage where the BillingProvider sets a one-hour budget", func() {
+		// The budget the CRD defaulted before it was the key window's.
+		ns := stripeTenant(fastRetries, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Retry.MaxAttempts, bp.Spec.Retry.MaxElapsed = 10, fixtures.Duration(time.Hour)
+		})
+		bs := outage(ns, "job-long-outage-1h")
+		Eventually(stateOf(bs)).WithTimeout(40 * time.Second).Should(Equal(hooksv1alpha1.SettlementRequiresReconciliation))
+		Expect(fake.MeterEvents()).To(BeEmpty(), "nothing was sent after the budget")
 	})
 
 	It("takes Stripe's duplicate identifier inside its window as proof that the meter event is there: one event", func() {
