@@ -75,7 +75,7 @@ demo: ## Run the operator's whole job on a local control plane (no cluster neede
 test: manifests generate fmt vet kustomize ## Generate, vet, then run unit tests, fuzz smoke tests and the envtest suites against a real API server.
 	@assets="$$(hack/setup-envtest.sh)"; \
 	echo "control plane: $$assets"; \
-	KUBEBUILDER_ASSETS="$$assets" KUSTOMIZE="$(KUSTOMIZE)" go test $(GO_TEST_FLAGS) ./...
+	KUBEBUILDER_ASSETS="$$assets" KUSTOMIZE="$(KUSTOMIZE)" go test -timeout 30m $(GO_TEST_FLAGS) ./...
 	@$(MAKE) --no-print-directory fuzz-smoke
 
 # Length of the e2e soak; CI runs a short one, `E2E_SOAK=5m make test-e2e` the full one.

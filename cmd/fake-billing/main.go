@@ -25,24 +25,25 @@ func main() {
 	var (
 		addr, token, tokenFile, sinkAddr string
 		pendingPolls, pageSize           int
-		sinkRegisteredOnly               bool
+		sinkRegisteredOnly, omitNulls    bool
 	)
 	flag.StringVar(&addr, "addr", "127.0.0.1:8091", "listen address of the billing provider")
 	flag.StringVar(&token, "token", "", "required bearer token (prefer -token-file: flags show in ps); empty = no auth")
 	flag.StringVar(&tokenFile, "token-file", "", "file holding the bearer token")
 	flag.IntVar(&pendingPolls, "pending-polls", 0, "GETs a new record stays pending before it settles (0 = settled at once)")
 	flag.IntVar(&pageSize, "page-size", 100, "List page size")
+	flag.BoolVar(&omitNulls, "omit-nulls", false, "leave null fields out of the records it answers with (also POST /_admin/record-format)")
 	flag.StringVar(&sinkAddr, "job-sink-addr", "", "also run the fake job sink on this address (empty = off); it uses the same token")
 	flag.BoolVar(&sinkRegisteredOnly, "job-sink-registered-only", false, "job sink answers 404 for jobs until registered via POST /_admin/register")
 	flag.Parse()
 
-	if err := run(addr, token, tokenFile, sinkAddr, pendingPolls, pageSize, sinkRegisteredOnly); err != nil {
+	if err := run(addr, token, tokenFile, sinkAddr, pendingPolls, pageSize, sinkRegisteredOnly, omitNulls); err != nil {
 		fmt.Fprintln(os.Stderr, "fake-billing:", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, token, tokenFile, sinkAddr string, pendingPolls, pageSize int, sinkRegisteredOnly bool) error {
+func run(addr, token, tokenFile, sinkAddr string, pendingPolls, pageSize int, sinkRegisteredOnly, omitNulls bool) error {
 	if token != "" && tokenFile != "" {
 		return errors.New("use -token or -token-file, not both")
 	}
@@ -57,7 +58,8 @@ func run(addr, token, tokenFile, sinkAddr string, pendingPolls, pageSize int, si
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	provider, err := fakebilling.Start(fakebilling.Options{Token: token, Addr: addr, PendingPolls: pendingPolls, PageSize: pageSize})
+	provider, err := fakebilling.Start(fakebilling.Options{Token: token, Addr: addr, PendingPolls: pendingPolls, PageSize: pageSize,
+		OmitNulls: omitNulls})
 	if err != nil {
 		return fmt.Errorf("start billing provider: %w", err)
 	}

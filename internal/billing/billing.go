@@ -122,15 +122,18 @@ type Record struct {
 	Customer string
 	// Type is TypeCharge, TypeRefund or TypeVoid.
 	Type string
-	// Reverses is the settlement key a refund or void compensates ("" for a charge).
+	// Reverses is the settlement key a refund or void compensates ("" for a charge,
+	// and when the provider sent null or left it out).
 	Reverses string
 	// Usage is the billed usage, if any.
 	Usage *Usage
 	// Amount is the billed amount, if any.
 	Amount *Amount
-	// Omitted lists the contract's record fields the provider left out of its answer
-	// (wire names, e.g. "amount", "reverses"). A record that omits a field we sent
-	// proves nothing about it: see Match.
+	// Omitted lists fields (wire names, e.g. "customer", "usage") whose value the
+	// adapter holds no proof of although the record carries one (Stripe does not say
+	// what a duplicate meter event holds): Match treats them as missing. A field a
+	// provider leaves out of its JSON is not listed here: it is null, the zero value
+	// above, exactly as if the provider had sent null.
 	Omitted []string
 	// CreatedAt is when the provider created the record (zero when it did not say);
 	// List orders and filters by it.
@@ -365,37 +368,42 @@ func (m Mismatch) String() string {
 	return m.Field + " differs at the provider"
 }
 
-// Match fails closed: rec is the operation r only if every field we send is present
-// in rec and equal. A lookup record that lacks a field (a provider that answers only
-// id and status) is not proof that what it holds under our key is what we asked for,
-// so it must never be adopted. Amounts a provider computed for a usage-priced request
-// (no amount sent) are not compared: they are the provider's to decide.
+// Match fails closed: rec is the operation r only if every field we sent a value for
+// is in rec and equal, and every field we sent as null is null in rec. A lookup record
+// that lacks a field we gave a value (a provider that answers only id and status) is
+// not proof that what it holds under our key is what we asked for, so it must never be
+// adopted; a field we sent as null carries nothing to compare, so its absence decides
+// nothing (a charge's reverses, the amount or usage we did not send, an empty unit),
+// while a value there is not our request. Which fields carry a value follows from the
+// settlement's type: a charge sends customer and its usage or amount; a refund or void
+// also sends the key of what it reverses. Amounts a provider computed for a
+// usage-priced request (no amount sent) are not compared: they are the provider's to
+// decide. Fields an adapter lists in rec.Omitted are missing whatever their value.
 func Match(r Request, rec Record) (Mismatch, bool) {
-	type fieldCheck struct {
-		field          string
-		present, equal bool
-	}
 	checks := []fieldCheck{
-		{"idempotency_key", rec.IdempotencyKey != "", rec.IdempotencyKey == r.IdempotencyKey},
-		{"settlement_key", rec.SettlementKey != "", rec.SettlementKey == r.SettlementKey},
-		{"type", rec.Type != "", rec.Type == r.Type},
-		{"customer", rec.Customer != "", rec.Customer == r.Customer},
-		{"reverses", true, rec.Reverses == r.Reverses},
+		sameString("idempotency_key", r.IdempotencyKey, rec.IdempotencyKey),
+		sameString("settlement_key", r.SettlementKey, rec.SettlementKey),
+		sameString("type", r.Type, rec.Type),
+		sameString("customer", r.Customer, rec.Customer),
+		sameString("reverses", r.Reverses, rec.Reverses),
 	}
 	if r.Amount != nil {
 		checks = append(checks, fieldCheck{"amount", rec.Amount != nil, true})
 		if a := rec.Amount; a != nil {
 			checks = append(checks, fieldCheck{"amount.minor", true, a.Minor == r.Amount.Minor},
-				fieldCheck{"amount.currency", a.Currency != "", a.Currency == r.Amount.Currency})
+				sameString("amount.currency", r.Amount.Currency, a.Currency))
 		}
 	}
 	if r.Usage != nil {
 		checks = append(checks, fieldCheck{"usage", rec.Usage != nil, true})
 		if u := rec.Usage; u != nil {
-			checks = append(checks, fieldCheck{"usage.meter", u.Meter != "", u.Meter == r.Usage.Meter},
+			checks = append(checks, sameString("usage.meter", r.Usage.Meter, u.Meter),
 				fieldCheck{"usage.quantity", u.Quantity != "", SameQuantity(u.Quantity, r.Usage.Quantity)},
-				fieldCheck{"usage.unit", true, u.Unit == r.Usage.Unit})
+				sameString("usage.unit", r.Usage.Unit, u.Unit))
 		}
+	} else {
+		// We sent no usage: a record that bills usage is another request.
+		checks = append(checks, fieldCheck{"usage", true, rec.Usage == nil})
 	}
 	for _, c := range checks {
 		if !c.present || slices.Contains(rec.Omitted, c.field) {
@@ -406,6 +414,19 @@ func Match(r Request, rec Record) (Mismatch, bool) {
 		}
 	}
 	return Mismatch{}, true
+}
+
+// fieldCheck is one field of Match: whether the record holds what the field needs
+// (present) and whether it equals what we sent.
+type fieldCheck struct {
+	field          string
+	present, equal bool
+}
+
+// sameString checks a string field: "" is null, which is what an omitted JSON field
+// reads as. A value we sent must be there and equal; a null we sent must stay null.
+func sameString(field, sent, got string) fieldCheck {
+	return fieldCheck{field: field, present: got != "" || sent == "", equal: got == sent}
 }
 
 // SameQuantity compares two decimal quantities by value ("12.50" equals "12.5").

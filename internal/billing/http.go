@@ -146,18 +146,26 @@ type wireRequest struct {
 	Metadata      map[string]string `json:"metadata"`
 }
 
+// wireRecord reads a record the JSON way: a field the provider left out and a field
+// it sent as null are both null, the zero value (nil, "").
 type wireRecord struct {
-	Reverses       *string     `json:"reverses"`
-	ID             string      `json:"id"`
-	Status         string      `json:"status"`
-	FailureReason  string      `json:"failure_reason"`
-	SettlementKey  string      `json:"settlement_key"`
-	IdempotencyKey string      `json:"idempotency_key"`
-	Customer       string      `json:"customer"`
-	Type           string      `json:"type"`
-	Usage          *wireUsage  `json:"usage"`
-	Amount         *wireAmount `json:"amount"`
-	CreatedAt      string      `json:"created_at"`
+	Reverses       *string           `json:"reverses"`
+	ID             string            `json:"id"`
+	Status         string            `json:"status"`
+	FailureReason  string            `json:"failure_reason"`
+	SettlementKey  string            `json:"settlement_key"`
+	IdempotencyKey string            `json:"idempotency_key"`
+	Customer       string            `json:"customer"`
+	Type           string            `json:"type"`
+	Usage          *wireUsage        `json:"usage"`
+	Amount         *wireRecordAmount `json:"amount"`
+	CreatedAt      string            `json:"created_at"`
+}
+
+// wireRecordAmount is a record's amount; minor is nil when null or left out.
+type wireRecordAmount struct {
+	Minor    *int64 `json:"minor"`
+	Currency string `json:"currency"`
 }
 
 type wireList struct {
@@ -226,19 +234,13 @@ func encodeRequest(r Request) ([]byte, error) {
 	return body, nil
 }
 
-// recordFields are the §6.1 record fields a lookup must return for its record to be
-// compared with what we sent (docs/design.md §6.1, README "HTTP contract").
-var recordFields = []string{"idempotency_key", "settlement_key", "type", "reverses", "customer", "usage", "amount"}
-
 // decodeRecord parses one provider record. A record without an ID or with a status
-// outside §6.1 is unusable: the caller could not act on it.
+// outside §6.1 is unusable: the caller could not act on it. Every other field may be
+// null or left out, which mean the same; whether a null proves enough is Match's to
+// say, from what we sent (docs/design.md §6.1).
 func decodeRecord(raw []byte) (Record, error) {
 	var w wireRecord
 	if err := json.Unmarshal(raw, &w); err != nil {
-		return Record{}, fmt.Errorf("decode record: %w", err)
-	}
-	var present map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &present); err != nil {
 		return Record{}, fmt.Errorf("decode record: %w", err)
 	}
 	if w.ID == "" {
@@ -261,17 +263,12 @@ func decodeRecord(raw []byte) (Record, error) {
 	if w.Reverses != nil {
 		rec.Reverses = *w.Reverses
 	}
-	// What the provider left out: for a charge "reverses" is null, which is present.
-	for _, f := range recordFields {
-		if _, ok := present[f]; !ok {
-			rec.Omitted = append(rec.Omitted, f)
-		}
-	}
 	if w.Usage != nil {
 		rec.Usage = &Usage{Meter: w.Usage.Meter, Quantity: w.Usage.Quantity.String(), Unit: w.Usage.Unit}
 	}
-	if w.Amount != nil {
-		rec.Amount = &Amount{Minor: w.Amount.Minor, Currency: w.Amount.Currency}
+	// An amount without minor units says nothing about money: no amount.
+	if w.Amount != nil && w.Amount.Minor != nil {
+		rec.Amount = &Amount{Minor: *w.Amount.Minor, Currency: w.Amount.Currency}
 	}
 	// created_at is informational; a provider's odd date format must not turn a valid
 	// answer into an unreadable one.
@@ -370,7 +367,6 @@ func (c *httpClient) submit(ctx context.Context, r Request) (Record, error) {
 // is a 422), so the reply is proof; fields it did return are still compared by Match.
 // A lookup's record is never filled: a GET compares nothing.
 func fillFromRequest(rec *Record, r Request) {
-	rec.Omitted = nil
 	if rec.Reverses == "" {
 		rec.Reverses = r.Reverses
 	}
@@ -434,9 +430,9 @@ func (c *httpClient) lookup(ctx context.Context, key string) (Record, bool, erro
 	if err != nil {
 		return Record{}, false, unreadable(resp, false, err)
 	}
-	if rec.IdempotencyKey == "" {
-		rec.IdempotencyKey = key
-	} else if rec.IdempotencyKey != key {
+	// A record that does not name its key is returned as it is: Match finds the key
+	// missing, as it would any field we sent.
+	if rec.IdempotencyKey != "" && rec.IdempotencyKey != key {
 		return Record{}, false, &Error{Class: Transient, Code: "mismatched_response", Status: resp.Status,
 			Message: "the provider answered with a record for a different key"}
 	}

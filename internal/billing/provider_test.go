@@ -3,6 +3,7 @@ package billing_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -445,5 +446,44 @@ func TestCrashAfterReadingIsAmbiguous(t *testing.T) {
 	}
 	if e, ok := billing.AsError(err); !ok || e.Class != billing.Ambiguous {
 		t.Fatalf("got %v, want an ambiguous error: the provider read the charge", err)
+	}
+}
+
+// TestLookupAfterLostReplyMatchesWithOrWithoutNulls is the lost reply against a
+// provider that sends null fields and one that leaves them out: either way the
+// lookup's record is provably ours (a charge's reverses carries nothing; a refund's or
+// void's is there and equal) and the ledger holds one charge.
+func TestLookupAfterLostReplyMatchesWithOrWithoutNulls(t *testing.T) {
+	ctx := context.Background()
+	usage := chargeRequest(1)
+	amount := chargeRequest(2)
+	amount.Usage, amount.Amount = nil, &billing.Amount{Minor: 1250, Currency: "USD"}
+	unitless := chargeRequest(3)
+	unitless.Usage.Unit = ""
+	refund := chargeRequest(4)
+	refund.Type, refund.Reverses, refund.Usage = billing.TypeRefund, amount.SettlementKey, nil
+	refund.Amount = &billing.Amount{Minor: 250, Currency: "USD"}
+	void := refund
+	void.SettlementKey, void.IdempotencyKey, void.Type = "inference/job-5", "stl_void_5", billing.TypeVoid
+	for _, omitNulls := range []bool{false, true} {
+		t.Run(fmt.Sprintf("omit nulls %v", omitNulls), func(t *testing.T) {
+			fake := startFake(t, fakebilling.Options{OmitNulls: omitNulls, UsagePrice: 2})
+			c := newClient(t, fake.URL(), 300*time.Millisecond)
+			for _, req := range []billing.Request{usage, amount, unitless, refund, void} {
+				fake.CommitThenTimeoutNext(1)
+				_, err := c.Submit(ctx, req)
+				wantError(t, err, billing.Ambiguous, "timeout")
+				rec, found, err := c.Lookup(ctx, req.IdempotencyKey)
+				if err != nil || !found {
+					t.Fatalf("%s: Lookup = %v, %v", req.SettlementKey, found, err)
+				}
+				if m, ok := billing.Match(req, rec); !ok {
+					t.Errorf("%s %s: the committed record does not match: %s", req.Type, req.SettlementKey, m)
+				}
+				if n := fake.Charges(req.SettlementKey); n != 1 {
+					t.Errorf("%s: ledger has %d entries, want 1", req.SettlementKey, n)
+				}
+			}
+		})
 	}
 }

@@ -52,6 +52,12 @@ type Faults struct {
 	DownForMS int `json:"down_for_ms,omitempty"`
 }
 
+// RecordFormat is the POST /_admin/record-format body (see Server.SetOmitNulls).
+type RecordFormat struct {
+	// OmitNulls leaves null fields out of every record answered from now on.
+	OmitNulls bool `json:"omit_nulls"`
+}
+
 // StatusChange is the POST /_admin/status body (see SetStatus).
 type StatusChange struct {
 	// SettlementKey selects the records to change.
@@ -155,4 +161,13 @@ func (s *Server) handleAdminImport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, map[string]string{"status": "imported"})
+}
+
+func (s *Server) handleAdminRecordFormat(w http.ResponseWriter, r *http.Request) {
+	var f RecordFormat
+	if !decodeAdmin(w, r, &f) {
+		return
+	}
+	s.SetOmitNulls(f.OmitNulls)
+	writeJSON(w, http.StatusOK, f)
 }

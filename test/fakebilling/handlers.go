@@ -2,6 +2,7 @@ package fakebilling
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
@@ -166,6 +167,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /_admin/faults", s.handleAdminFaults)
 	mux.HandleFunc("POST /_admin/status", s.handleAdminStatus)
 	mux.HandleFunc("POST /_admin/import", s.handleAdminImport)
+	mux.HandleFunc("POST /_admin/record-format", s.handleAdminRecordFormat)
 	return mux
 }
 
@@ -336,9 +338,9 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnprocessableEntity, "idempotency_key_reused",
 			"this idempotency key was used with different parameters")
 	case created:
-		writeJSON(w, http.StatusCreated, rec)
+		writeJSON(w, http.StatusCreated, s.recordBody(rec))
 	default:
-		writeJSON(w, http.StatusOK, rec)
+		writeJSON(w, http.StatusOK, s.recordBody(rec))
 	}
 }
 
@@ -394,7 +396,7 @@ func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
 			"idempotency_key": rec.IdempotencyKey, "settlement_key": rec.SettlementKey})
 		return
 	}
-	writeJSON(w, status, rec)
+	writeJSON(w, status, s.recordBody(rec))
 }
 
 func (s *Server) nextLookupFault() *fault {
@@ -407,6 +409,47 @@ func (s *Server) nextLookupFault() *fault {
 	s.lookupFaults = s.lookupFaults[1:]
 	s.calls.Faults++
 	return &f
+}
+
+// recordBody is rec as this provider writes it in a reply: as is, or without its
+// null fields when it omits nulls.
+func (s *Server) recordBody(rec WireRecord) any {
+	s.mu.Lock()
+	omit := s.omitNulls
+	s.mu.Unlock()
+	return recordBody(rec, omit)
+}
+
+func recordBody(rec WireRecord, omitNulls bool) any {
+	if !omitNulls {
+		return rec
+	}
+	return withoutNulls(rec)
+}
+
+// withoutNulls is v's JSON object with every null member left out, at any depth.
+func withoutNulls(v any) json.RawMessage {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("fake billing: encode record: %v", err)) // WireRecord always encodes
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(raw, &fields) != nil {
+		return raw // not an object
+	}
+	for name, value := range fields {
+		switch {
+		case isNull(value):
+			delete(fields, name)
+		case len(bytes.TrimSpace(value)) > 0 && bytes.TrimSpace(value)[0] == '{':
+			fields[name] = withoutNulls(value)
+		}
+	}
+	out, err := json.Marshal(fields)
+	if err != nil {
+		panic(fmt.Sprintf("fake billing: encode record: %v", err))
+	}
+	return out
 }
 
 func (s *Server) minimalLookups() bool {
@@ -446,8 +489,9 @@ func (c cursor) before(e *entry) bool {
 }
 
 type listPage struct {
-	Items      []WireRecord `json:"items"`
-	NextCursor string       `json:"next_cursor"`
+	Items []any `json:"items"` // WireRecord, or its JSON without nulls
+
+	NextCursor string `json:"next_cursor"`
 }
 
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
@@ -476,7 +520,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 	}
 
 	s.mu.Lock()
-	page := listPage{Items: []WireRecord{}}
+	page := listPage{Items: []any{}}
 	var last *entry
 	more := false
 	sorted := s.sortedLocked()
@@ -491,7 +535,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 			more = true
 			break
 		}
-		page.Items = append(page.Items, e.wire())
+		page.Items = append(page.Items, recordBody(e.wire(), s.omitNulls))
 		last = e
 	}
 	if more {

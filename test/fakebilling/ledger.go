@@ -117,7 +117,8 @@ type WireAmount struct {
 }
 
 // WireRecord is a ledger record on the wire: GET/POST replies, List items, the admin
-// ledger and the admin import body all use it.
+// ledger and the admin import body all use it. Every contract field is written, null
+// when it has no value; a provider set to omit nulls leaves those out of its replies.
 type WireRecord struct {
 	ID             string            `json:"id"`
 	Status         string            `json:"status"`
@@ -127,8 +128,8 @@ type WireRecord struct {
 	Type           string            `json:"type"`
 	Reverses       *string           `json:"reverses"`
 	Customer       string            `json:"customer"`
-	Usage          *WireUsage        `json:"usage,omitempty"`
-	Amount         *WireAmount       `json:"amount,omitempty"`
+	Usage          *WireUsage        `json:"usage"`
+	Amount         *WireAmount       `json:"amount"`
 	Metadata       map[string]string `json:"metadata"`
 	CreatedAt      time.Time         `json:"created_at"`
 }

@@ -53,6 +53,11 @@ type Options struct {
 	UsagePrice int64
 	// PageSize is the List page size, default 100; small values exercise paging.
 	PageSize int
+	// OmitNulls leaves every null field out of the records it answers with (GET,
+	// POST and List), as a provider that follows the common JSON convention does: a
+	// charge's record then has no "reverses" at all. Without it, every contract field
+	// is present, null when it has no value. See SetOmitNulls.
+	OmitNulls bool
 }
 
 // CallCounts is how often each §6.1 endpoint was called, so tests can assert that a
@@ -83,6 +88,7 @@ type Server struct {
 	sorted       []*entry
 	lookupFaults []fault         // consumed one per GET /settlements/{key}
 	minimal      bool            // lookups answer only id, status and the keys (see MinimalLookups)
+	omitNulls    bool            // records leave out their null fields (see SetOmitNulls)
 	log          []Call          // every §6.1 call, in order
 	inFlight     map[string]bool // idempotency keys being processed right now
 	faults       []fault         // consumed one per POST, in the order they were queued
@@ -113,11 +119,12 @@ func Start(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("fake billing: PendingPolls %d is negative", opts.PendingPolls)
 	}
 	s := &Server{
-		opts:     opts,
-		byKey:    map[string]*entry{},
-		inFlight: map[string]bool{},
-		held:     map[net.Conn]struct{}{},
-		done:     make(chan struct{}),
+		opts:      opts,
+		omitNulls: opts.OmitNulls,
+		byKey:     map[string]*entry{},
+		inFlight:  map[string]bool{},
+		held:      map[net.Conn]struct{}{},
+		done:      make(chan struct{}),
 	}
 	s.handler = s.routes()
 	ln, err := net.Listen("tcp", opts.Addr)
@@ -388,6 +395,15 @@ func (s *Server) MinimalLookups(on bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.minimal = on
+}
+
+// SetOmitNulls switches, from the next reply on, between records that leave out their
+// null fields (on) and records that send them as null (off); Options.OmitNulls is
+// the starting value.
+func (s *Server) SetOmitNulls(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.omitNulls = on
 }
 
 // Records returns the ledger in creation order (created_at, then arrival).

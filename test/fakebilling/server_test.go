@@ -265,3 +265,57 @@ func TestImportAndRecordsOrder(t *testing.T) {
 		t.Error("SetStatus accepted an unknown status")
 	}
 }
+
+// TestRecordsWithAndWithoutNulls: by default a record carries every contract field,
+// null when it has none; a provider set to omit nulls leaves exactly those out, in its
+// POST, GET and List replies alike, and the admin API switches between the two.
+func TestRecordsWithAndWithoutNulls(t *testing.T) {
+	s := start(t, Options{Token: token})
+	if status, body := call(t, http.MethodPost, s.URL()+"/settlements", submitHeaders("k1"), validBody); status != http.StatusCreated {
+		t.Fatalf("submit: %d %s", status, body)
+	}
+	auth := map[string]string{"Authorization": "Bearer " + token}
+	fields := func(body string) map[string]json.RawMessage {
+		t.Helper()
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(body), &m); err != nil {
+			t.Fatalf("record %s: %v", body, err)
+		}
+		return m
+	}
+	replies := func() map[string]map[string]json.RawMessage {
+		t.Helper()
+		_, post := call(t, http.MethodPost, s.URL()+"/settlements", submitHeaders("k1"), validBody)
+		_, get := call(t, http.MethodGet, s.URL()+"/settlements/k1", auth, "")
+		_, list := call(t, http.MethodGet, s.URL()+"/settlements", auth, "")
+		var page struct{ Items []json.RawMessage }
+		if err := json.Unmarshal([]byte(list), &page); err != nil || len(page.Items) != 1 {
+			t.Fatalf("list %s: %v", list, err)
+		}
+		return map[string]map[string]json.RawMessage{"POST": fields(post), "GET": fields(get), "List": fields(string(page.Items[0]))}
+	}
+	for reply, rec := range replies() {
+		if string(rec["reverses"]) != "null" || string(rec["amount"]) != "null" {
+			t.Errorf("%s record sends nulls: reverses %s, amount %s; want both null", reply, rec["reverses"], rec["amount"])
+		}
+	}
+	if status, body := call(t, http.MethodPost, s.URL()+"/_admin/record-format", nil, `{"omit_nulls":true}`); status != http.StatusOK {
+		t.Fatalf("admin record-format: %d %s", status, body)
+	}
+	for reply, rec := range replies() {
+		for _, f := range []string{"reverses", "amount"} {
+			if v, ok := rec[f]; ok {
+				t.Errorf("%s record omitting nulls has %s: %s", reply, f, v)
+			}
+		}
+		for _, f := range []string{"id", "status", "customer", "usage", "metadata"} {
+			if _, ok := rec[f]; !ok {
+				t.Errorf("%s record omitting nulls lost %s", reply, f)
+			}
+		}
+	}
+	s.SetOmitNulls(false)
+	if rec := replies()["GET"]; string(rec["reverses"]) != "null" {
+		t.Errorf("after SetOmitNulls(false) reverses = %s, want null", rec["reverses"])
+	}
+}

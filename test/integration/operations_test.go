@@ -188,33 +188,39 @@ var _ = Describe("the failure matrix (docs/design.md §9)", func() {
 		Consistently(func() int { return billing.Charges(key(ns, "job-dup")) }).WithTimeout(time.Second).Should(Equal(1))
 	})
 
-	It("keeps the job Applied while billing fails, retries with the same key, and completes once settled", func() {
-		ns := newTenant()
-		billing.FailNext(4, http.StatusServiceUnavailable)
-		sendOK(ns, "msg_billfail", jobEvent("job-billfail", 1, 5))
-		Eventually(eventPhase(ns, "msg_billfail")).Should(Equal(hooksv1alpha1.EventPartiallyFailed))
-		Expect(jobOf(ns, "job-billfail").Status.State).To(Equal(hooksv1alpha1.JobCompletionApplied))
-		Eventually(eventPhase(ns, "msg_billfail")).Should(Equal(hooksv1alpha1.EventComplete))
-		bs := settlementOf(ns, "job-billfail")
-		Expect(bs.Status.State).To(Equal(hooksv1alpha1.SettlementSettled))
-		Expect(bs.Status.Attempts).To(BeNumerically(">=", 2))
-		Expect(billing.Charges(key(ns, "job-billfail"))).To(Equal(1))
-		for _, r := range billing.Records() {
-			if r.SettlementKey == key(ns, "job-billfail") {
-				Expect(r.IdempotencyKey).To(Equal(bs.Spec.IdempotencyKey))
+	for _, nulls := range nullModes {
+		It(nulls.spec("keeps the job Applied while billing fails, retries with the same key, and completes once settled"), func() {
+			nulls.use()
+			ns := newTenant()
+			billing.FailNext(4, http.StatusServiceUnavailable)
+			sendOK(ns, "msg_billfail", jobEvent("job-billfail", 1, 5))
+			Eventually(eventPhase(ns, "msg_billfail")).Should(Equal(hooksv1alpha1.EventPartiallyFailed))
+			Expect(jobOf(ns, "job-billfail").Status.State).To(Equal(hooksv1alpha1.JobCompletionApplied))
+			Eventually(eventPhase(ns, "msg_billfail")).Should(Equal(hooksv1alpha1.EventComplete))
+			bs := settlementOf(ns, "job-billfail")
+			Expect(bs.Status.State).To(Equal(hooksv1alpha1.SettlementSettled))
+			Expect(bs.Status.Attempts).To(BeNumerically(">=", 2))
+			Expect(billing.Charges(key(ns, "job-billfail"))).To(Equal(1))
+			for _, r := range billing.Records() {
+				if r.SettlementKey == key(ns, "job-billfail") {
+					Expect(r.IdempotencyKey).To(Equal(bs.Spec.IdempotencyKey))
+				}
 			}
-		}
-	})
+		})
+	}
 
-	It("learns the outcome by key when the charge succeeded but the response was lost: no second charge", func() {
-		ns := newTenant()
-		billing.CommitThenTimeoutNext(1)
-		sendOK(ns, "msg_lost", jobEvent("job-lost", 1, 7))
-		Eventually(settlementState(ns, "job-lost")).Should(Equal(hooksv1alpha1.SettlementSettled))
-		bs := settlementOf(ns, "job-lost")
-		Expect(bs.Status.Attempts).To(Equal(int32(1)), "the lookup by key answered; nothing was resubmitted")
-		Expect(billing.Charges(key(ns, "job-lost"))).To(Equal(1))
-	})
+	for _, nulls := range nullModes {
+		It(nulls.spec("learns the outcome by key when the charge succeeded but the response was lost: no second charge"), func() {
+			nulls.use()
+			ns := newTenant()
+			billing.CommitThenTimeoutNext(1)
+			sendOK(ns, "msg_lost", jobEvent("job-lost", 1, 7))
+			Eventually(settlementState(ns, "job-lost")).Should(Equal(hooksv1alpha1.SettlementSettled))
+			bs := settlementOf(ns, "job-lost")
+			Expect(bs.Status.Attempts).To(Equal(int32(1)), "the lookup by key answered; nothing was resubmitted")
+			Expect(billing.Charges(key(ns, "job-lost"))).To(Equal(1))
+		})
+	}
 
 	It("never moves a job backward when v2 arrives before v1", func() {
 		ns := newTenant()
@@ -331,60 +337,81 @@ var _ = Describe("the failure matrix (docs/design.md §9)", func() {
 		Expect(recordEventReasons(ns)).NotTo(ContainElement(hooksv1alpha1.ReasonSubmittedToProvider))
 	})
 
-	It("never dead-letters while an attempt may have charged: it keeps asking by key", func() {
-		ns := newTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
-			bp.Spec.Retry.MaxElapsed = &metav1.Duration{Duration: 2 * time.Second}
-			bp.Spec.Retry.MaxBackoff = &metav1.Duration{Duration: time.Second}
+	for _, nulls := range nullModes {
+		It(nulls.spec("learns a Refund's outcome by key when its reply was lost: one refund, what it reverses read back"), func() {
+			nulls.use()
+			ns := newTenant()
+			sendOK(ns, "msg_refund_lost", jobEvent("job-refund-lost", 1, 4))
+			Eventually(settlementState(ns, "job-refund-lost")).Should(Equal(hooksv1alpha1.SettlementSettled))
+			refund := refundOf(settlementOf(ns, "job-refund-lost"), 400)
+			billing.CommitThenTimeoutNext(1)
+			Expect(k8s.Create(ctx, refund)).To(Succeed())
+			Eventually(stateOf(refund)).Should(Equal(hooksv1alpha1.SettlementSettled))
+			Expect(get(refund).Status.Attempts).To(Equal(int32(1)), "the lookup by key answered; nothing was resubmitted")
+			Expect(billing.Charges(refund.Spec.SettlementKey)).To(Equal(1))
 		})
-		billing.CommitThenTimeoutNext(1)
-		sendOK(ns, "msg_unknown", jobEvent("job-unknown", 1, 6))
-		// The charge is committed, its answer is lost, and the provider goes down.
-		Eventually(func() int { return billing.Charges(key(ns, "job-unknown")) }).Should(Equal(1))
-		Expect(billing.SetDown(true)).To(Succeed())
-		downed := true
-		defer func() {
-			if downed {
-				_ = billing.SetDown(false)
-			}
-		}()
-		Eventually(func() string {
-			bs := &hooksv1alpha1.BillingSettlement{}
-			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.SettlementNameFor("inference", key(ns, "job-unknown"))}, bs); err != nil {
+	}
+
+	for _, nulls := range nullModes {
+		It(nulls.spec("never dead-letters while an attempt may have charged: it keeps asking by key"), func() {
+			nulls.use()
+			ns := newTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+				bp.Spec.Retry.MaxElapsed = &metav1.Duration{Duration: 2 * time.Second}
+				bp.Spec.Retry.MaxBackoff = &metav1.Duration{Duration: time.Second}
+			})
+			billing.CommitThenTimeoutNext(1)
+			sendOK(ns, "msg_unknown", jobEvent("job-unknown", 1, 6))
+			// The charge is committed, its answer is lost, and the provider goes down.
+			Eventually(func() int { return billing.Charges(key(ns, "job-unknown")) }).Should(Equal(1))
+			Expect(billing.SetDown(true)).To(Succeed())
+			downed := true
+			defer func() {
+				if downed {
+					_ = billing.SetDown(false)
+				}
+			}()
+			Eventually(func() string {
+				bs := &hooksv1alpha1.BillingSettlement{}
+				if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.SettlementNameFor("inference", key(ns, "job-unknown"))}, bs); err != nil {
+					return ""
+				}
+				if c := condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady); c != nil && strings.Contains(c.Message, "retries exhausted") {
+					return c.Reason
+				}
 				return ""
-			}
-			if c := condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady); c != nil && strings.Contains(c.Message, "retries exhausted") {
-				return c.Reason
-			}
-			return ""
-		}).Should(Equal(hooksv1alpha1.ReasonOutcomeUnknown))
-		Consistently(settlementState(ns, "job-unknown")).WithTimeout(2 * time.Second).Should(Equal(hooksv1alpha1.SettlementSubmitted))
-		Expect(settlementOf(ns, "job-unknown").Status.Exposure).To(Equal(hooksv1alpha1.ExposurePossible))
+			}).Should(Equal(hooksv1alpha1.ReasonOutcomeUnknown))
+			Consistently(settlementState(ns, "job-unknown")).WithTimeout(2 * time.Second).Should(Equal(hooksv1alpha1.SettlementSubmitted))
+			Expect(settlementOf(ns, "job-unknown").Status.Exposure).To(Equal(hooksv1alpha1.ExposurePossible))
 
-		Expect(billing.SetDown(false)).To(Succeed())
-		downed = false
-		Eventually(settlementState(ns, "job-unknown")).Should(Equal(hooksv1alpha1.SettlementSettled))
-		Expect(billing.Charges(key(ns, "job-unknown"))).To(Equal(1))
-	})
+			Expect(billing.SetDown(false)).To(Succeed())
+			downed = false
+			Eventually(settlementState(ns, "job-unknown")).Should(Equal(hooksv1alpha1.SettlementSettled))
+			Expect(billing.Charges(key(ns, "job-unknown"))).To(Equal(1))
+		})
+	}
 
-	It("resolves settlements left Submitted by a killed manager without a second charge", func() {
-		ns := newTenant()
-		billing.CommitThenTimeoutNext(3)
-		for i := 0; i < 3; i++ {
-			sendOK(ns, fmt.Sprintf("msg_restart_%d", i), jobEvent(fmt.Sprintf("job-restart-%d", i), 1, 1))
-		}
-		// Stop the manager while the calls hang: the charges are committed at the
-		// provider, the answers never arrive, the settlements are Submitted.
-		for i := 0; i < 3; i++ {
-			Eventually(settlementState(ns, fmt.Sprintf("job-restart-%d", i))).Should(Equal(hooksv1alpha1.SettlementSubmitted))
-		}
-		mgr.stop()
-		mgr = startManager()
-		for i := 0; i < 3; i++ {
-			job := fmt.Sprintf("job-restart-%d", i)
-			Eventually(settlementState(ns, job)).Should(Equal(hooksv1alpha1.SettlementSettled))
-			Expect(billing.Charges(key(ns, job))).To(Equal(1))
-		}
-	})
+	for _, nulls := range nullModes {
+		It(nulls.spec("resolves settlements left Submitted by a killed manager without a second charge"), func() {
+			nulls.use()
+			ns := newTenant()
+			billing.CommitThenTimeoutNext(3)
+			for i := 0; i < 3; i++ {
+				sendOK(ns, fmt.Sprintf("msg_restart_%d", i), jobEvent(fmt.Sprintf("job-restart-%d", i), 1, 1))
+			}
+			// Stop the manager while the calls hang: the charges are committed at the
+			// provider, the answers never arrive, the settlements are Submitted.
+			for i := 0; i < 3; i++ {
+				Eventually(settlementState(ns, fmt.Sprintf("job-restart-%d", i))).Should(Equal(hooksv1alpha1.SettlementSubmitted))
+			}
+			mgr.stop()
+			mgr = startManager()
+			for i := 0; i < 3; i++ {
+				job := fmt.Sprintf("job-restart-%d", i)
+				Eventually(settlementState(ns, job)).Should(Equal(hooksv1alpha1.SettlementSettled))
+				Expect(billing.Charges(key(ns, job))).To(Equal(1))
+			}
+		})
+	}
 
 	It("settles 100 distinct jobs with exactly 100 charges", func() {
 		ns := newTenant()
@@ -417,6 +444,19 @@ var _ = Describe("the failure matrix (docs/design.md §9)", func() {
 		}
 	})
 })
+
+// refundOf is a Refund of minor USD of the charge orig, as a user creates it.
+func refundOf(orig *hooksv1alpha1.BillingSettlement, minor int64) *hooksv1alpha1.BillingSettlement {
+	refundKey := "refund/" + orig.Spec.SettlementKey
+	return &hooksv1alpha1.BillingSettlement{
+		ObjectMeta: metav1.ObjectMeta{Namespace: orig.Namespace, Name: identity.SettlementName("inference", refundKey)},
+		Spec: hooksv1alpha1.BillingSettlementSpec{
+			BillingProviderRef: "billing", SettlementKey: refundKey, IdempotencyKey: identity.IdempotencyKey(refundKey),
+			Type: hooksv1alpha1.SettlementRefund, Reverses: orig.Name, Customer: orig.Spec.Customer,
+			Amount: &hooksv1alpha1.Amount{Minor: minor, Currency: "USD"},
+		},
+	}
+}
 
 // slowRetries gives a tenant backoffs long enough for a test to act between attempts.
 func slowRetries(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
@@ -455,50 +495,46 @@ func ambiguousThenDown(ns, msgID, jobID string, tokens int) (up func() error) {
 }
 
 var _ = Describe("settlement lifecycle", func() {
-	It("holds the deletion of a Submitted settlement until the provider's answer is known", func() {
-		ns := newTenant(slowRetries)
-		up := ambiguousThenDown(ns, "msg_del", "job-del", 1)
-		defer func() { _ = up() }()
-		bs := settlementOf(ns, "job-del")
-		Expect(k8s.Delete(ctx, bs)).To(Succeed())
-		Eventually(func() string {
-			got := settlementOf(ns, "job-del")
-			if c := condition(got.Status.Conditions, hooksv1alpha1.ConditionReady); c != nil {
-				return c.Reason
-			}
-			return ""
-		}).Should(Equal(hooksv1alpha1.ReasonDeletionBlocked))
-		Consistently(func() error {
-			return k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{})
-		}).WithTimeout(2 * time.Second).Should(Succeed())
+	for _, nulls := range nullModes {
+		It(nulls.spec("holds the deletion of a Submitted settlement until the provider's answer is known"), func() {
+			nulls.use()
+			ns := newTenant(slowRetries)
+			up := ambiguousThenDown(ns, "msg_del", "job-del", 1)
+			defer func() { _ = up() }()
+			bs := settlementOf(ns, "job-del")
+			Expect(k8s.Delete(ctx, bs)).To(Succeed())
+			Eventually(func() string {
+				got := settlementOf(ns, "job-del")
+				if c := condition(got.Status.Conditions, hooksv1alpha1.ConditionReady); c != nil {
+					return c.Reason
+				}
+				return ""
+			}).Should(Equal(hooksv1alpha1.ReasonDeletionBlocked))
+			Consistently(func() error {
+				return k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{})
+			}).WithTimeout(2 * time.Second).Should(Succeed())
 
-		Expect(up()).To(Succeed())
-		// The provider says it never got the charge: the hold ends, nothing was charged.
-		Eventually(func() bool {
-			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{}))
-		}).WithTimeout(time.Minute).Should(BeTrue())
-		// ...and it stays deleted: its event does not re-create it (that would charge).
-		Consistently(func() bool {
-			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{}))
-		}).WithTimeout(2 * time.Second).Should(BeTrue())
-		Expect(billing.Charges(key(ns, "job-del"))).To(Equal(0))
-		Eventually(eventPhase(ns, "msg_del")).Should(Equal(hooksv1alpha1.EventRequiresReconciliation))
-	})
+			Expect(up()).To(Succeed())
+			// The provider says it never got the charge: the hold ends, nothing was charged.
+			Eventually(func() bool {
+				return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{}))
+			}).WithTimeout(time.Minute).Should(BeTrue())
+			// ...and it stays deleted: its event does not re-create it (that would charge).
+			Consistently(func() bool {
+				return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{}))
+			}).WithTimeout(2 * time.Second).Should(BeTrue())
+			Expect(billing.Charges(key(ns, "job-del"))).To(Equal(0))
+			Eventually(eventPhase(ns, "msg_del")).Should(Equal(hooksv1alpha1.EventRequiresReconciliation))
+		})
+	}
 
 	It("compensates with a Refund that is its own settlement and never edits the charge", func() {
 		ns := newTenant()
 		sendOK(ns, "msg_refund", jobEvent("job-refund", 1, 4))
 		Eventually(settlementState(ns, "job-refund")).Should(Equal(hooksv1alpha1.SettlementSettled))
 		orig := settlementOf(ns, "job-refund")
-		refundKey := "refund/" + orig.Spec.SettlementKey
-		refund := &hooksv1alpha1.BillingSettlement{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: identity.SettlementName("inference", refundKey)},
-			Spec: hooksv1alpha1.BillingSettlementSpec{
-				BillingProviderRef: "billing", SettlementKey: refundKey, IdempotencyKey: identity.IdempotencyKey(refundKey),
-				Type: hooksv1alpha1.SettlementRefund, Reverses: orig.Name, Customer: orig.Spec.Customer,
-				Amount: &hooksv1alpha1.Amount{Minor: 400, Currency: "USD"},
-			},
-		}
+		refund := refundOf(orig, 400)
+		refundKey := refund.Spec.SettlementKey
 		Expect(k8s.Create(ctx, refund)).To(Succeed())
 		Eventually(func() hooksv1alpha1.SettlementState {
 			got := &hooksv1alpha1.BillingSettlement{}

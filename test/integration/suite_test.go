@@ -217,3 +217,38 @@ func newTenantWithToken(token string, mutate ...func(*hooksv1alpha1.BillingProvi
 	Expect(k8s.Create(ctx, wp)).To(Succeed())
 	return ns
 }
+
+// nullMode is one way a provider writes a record field that has no value: as null, or
+// by leaving it out (the common JSON convention). Both must give the same answer
+// (docs/design.md §6.1), so every ambiguous row of the failure matrix, the rows that
+// end in a lookup, runs against both.
+type nullMode struct {
+	name string
+	omit bool
+}
+
+var nullModes = []nullMode{{name: "provider sends nulls"}, {name: "provider omits nulls", omit: true}}
+
+// spec names a spec of this mode.
+func (m nullMode) spec(text string) string { return text + " (" + m.name + ")" }
+
+// use sets the shared fake provider to this mode for the running spec.
+func (m nullMode) use() {
+	billing.SetOmitNulls(m.omit)
+	DeferCleanup(billing.SetOmitNulls, false)
+}
+
+// key makes a settlement key of a hand-made settlement unique to the mode: both modes
+// write to the shared provider's ledger, and a hand-made key is not per tenant.
+func (m nullMode) key(k string) string {
+	if m.omit {
+		return k + "-omit-nulls"
+	}
+	return k
+}
+
+// options adds the mode to the options of a spec's own fake provider.
+func (m nullMode) options(o fakebilling.Options) fakebilling.Options {
+	o.OmitNulls = m.omit
+	return o
+}
