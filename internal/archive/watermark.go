@@ -164,3 +164,11 @@ func (s *Store) checkOnConnect(ctx context.Context, conn *pgx.Conn) {
 		s.SetBehind(why)
 	}
 }
+
+// ResetReadBack forgets the rows read back so far: after a person confirmed an archive
+// behind the cluster, the watermark starts again from rows the archive holds now.
+func (s *Store) ResetReadBack() {
+	s.wm.mu.Lock()
+	defer s.wm.mu.Unlock()
+	s.wm.readBack = Mark{}
+}
