@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -171,4 +172,81 @@ func (s *Store) ResetReadBack() {
 	s.wm.mu.Lock()
 	defer s.wm.mu.Unlock()
 	s.wm.readBack = Mark{}
+}
+
+// Position is where the archive ends, for a person looking for what a restore lost
+// (kubectl settlement archive gap).
+type Position struct {
+	// Counter is the insert counter (migration 0003): the seq the last insert took.
+	Counter int64
+	// Latest is the row with the highest seq (zero when no row has one), and
+	// LatestArchivedAt when it was archived: about where a restored archive ends.
+	Latest           Mark
+	LatestArchivedAt time.Time
+}
+
+// ArchivePosition reads the insert counter and the latest row by seq (one index read
+// per table).
+func (s *Store) ArchivePosition(ctx context.Context) (Position, error) {
+	var p Position
+	if err := s.ready(); err != nil {
+		return p, err
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	if err := s.pool.QueryRow(ctx, `SELECT archive_insert_counter()`).Scan(&p.Counter); err != nil {
+		return p, fmt.Errorf("read the archive's insert counter: %w", err)
+	}
+	for _, table := range []string{"event_receipts", "job_completions", "settlements"} {
+		var m Mark
+		var at time.Time
+		err := s.pool.QueryRow(ctx, `SELECT seq, namespace, name, archived_at FROM `+table+
+			` WHERE seq IS NOT NULL ORDER BY seq DESC LIMIT 1`).Scan(&m.Seq, &m.Namespace, &m.Name, &at)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return p, fmt.Errorf("read the latest row of %s: %w", table, err)
+		}
+		if m.Seq > p.Latest.Seq {
+			m.Table = table
+			p.Latest, p.LatestArchivedAt = m, at
+		}
+	}
+	return p, nil
+}
+
+// ArchivedIdempotencyKeys reports which of keys the archive holds a settlement for,
+// in namespace ("" for any namespace: not indexed by key alone, so it reads the table).
+func (s *Store) ArchivedIdempotencyKeys(ctx context.Context, namespace string, keys []string) (map[string]bool, error) {
+	out := map[string]bool{}
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	for len(keys) > 0 {
+		batch := keys[:min(len(keys), 500)]
+		keys = keys[len(batch):]
+		err := func() error {
+			ctx, cancel := s.bound(ctx)
+			defer cancel()
+			rows, err := s.pool.Query(ctx, `SELECT idempotency_key FROM settlements
+				WHERE idempotency_key = ANY($1) AND ($2 = '' OR namespace = $2)`, batch, namespace)
+			if err != nil {
+				return fmt.Errorf("look up idempotency keys: %w", err)
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var k string
+				if err := rows.Scan(&k); err != nil {
+					return err
+				}
+				out[k] = true
+			}
+			return rows.Err()
+		}()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
