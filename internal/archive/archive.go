@@ -144,10 +144,7 @@ func Open(cfg Config) (*Store, error) {
 	}
 	pc.HealthCheckPeriod = 10 * time.Second
 	s := &Store{callTimeout: timeout + 2*time.Second}
-	pc.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-		s.checkOnConnect(ctx, conn)
-		return nil
-	}
+	pc.AfterConnect = s.checkOnConnect
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
 		return nil, fmt.Errorf("archive pool: %w", err)

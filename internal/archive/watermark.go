@@ -155,15 +155,22 @@ func checkMark(ctx context.Context, q querier, m Mark) (bool, string, error) {
 // checkOnConnect checks a new connection against the watermark before it is used: a
 // database restored from an older copy or a promoted standby is reached through new
 // connections, so it is found behind before anything is read from or written to it.
-func (s *Store) checkOnConnect(ctx context.Context, conn *pgx.Conn) {
+// A check that fails refuses the connection (the archive then counts as not
+// answering, and what depends on it waits): an unchecked connection is never used
+// while there is a watermark to check.
+func (s *Store) checkOnConnect(ctx context.Context, conn *pgx.Conn) error {
 	m := s.Watermark()
 	if m.IsZero() || !s.migrated.Load() {
-		return
+		return nil
 	}
 	held, why, err := checkMark(ctx, conn, m)
-	if err == nil && !held {
+	if err != nil {
+		return err
+	}
+	if !held {
 		s.SetBehind(why)
 	}
+	return nil
 }
 
 // ResetReadBack forgets the rows read back so far: after a person confirmed an archive
