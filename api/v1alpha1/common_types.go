@@ -237,4 +237,8 @@ const (
 	// proves nothing, so a settlement not yet sent is looked up by key first. On the
 	// archive's identity ConfigMap as a Warning Event, and on such a settlement.
 	ReasonArchiveBehind = "ArchiveBehind"
+	// ReasonArchiveBehindConfirmed: a person removed the watermark of an archive found
+	// behind; the state is cleared and the watermark starts again (a Normal Event on
+	// the archive's identity ConfigMap).
+	ReasonArchiveBehindConfirmed = "ArchiveBehindConfirmed"
 )

@@ -97,7 +97,11 @@ func (m *Migrator) Start(ctx context.Context) error {
 		err := m.Archive.Migrate(ctx)
 		if err == nil && m.Namespace != "" {
 			if err = m.checkIdentity(ctx); err == nil {
-				m.Archive.Hold(nil)
+				// The watermark too before anything reads the archive: a restored
+				// archive is behind from its first read, not from the next check.
+				if err = m.Watermark.Check(ctx); err == nil {
+					m.Archive.Hold(nil)
+				}
 			} else if errors.Is(err, errWrongArchive) {
 				m.Archive.Hold(err)
 			}

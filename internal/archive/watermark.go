@@ -112,9 +112,12 @@ type querier interface {
 
 // CheckMark reports whether the archive holds the row m names (held), and if not,
 // why. A zero mark is always held. An error is the archive not answering.
+//
+// It runs while the archive is still held (its identity and watermark are checked
+// before anything else reads it), so it needs only the schema.
 func (s *Store) CheckMark(ctx context.Context, m Mark) (held bool, why string, err error) {
-	if err := s.ready(); err != nil {
-		return false, "", err
+	if !s.migrated.Load() {
+		return false, "", ErrNotReady
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()

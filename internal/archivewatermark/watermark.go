@@ -94,7 +94,7 @@ func (k *Keeper) Check(ctx context.Context) error {
 		k.Archive.ResetReadBack()
 		k.reported = ""
 		metrics.SetArchiveBehind(false)
-		k.event(cm, corev1.EventTypeNormal, "ArchiveBehindConfirmed",
+		k.event(cm, corev1.EventTypeNormal, hooksv1alpha1.ReasonArchiveBehindConfirmed,
 			"the watermark was removed: the archive is taken as it is now, and the watermark starts again")
 		return nil
 	}

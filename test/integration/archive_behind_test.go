@@ -151,6 +151,6 @@ var _ = Describe("an archive behind the cluster (docs/design.md §12)", Ordered,
 		delete(cm.Data, archivewatermark.Key)
 		Expect(k8s.Update(ctx, &cm)).To(Succeed())
 		Eventually(store.Behind).WithTimeout(30 * time.Second).Should(BeEmpty())
-		Eventually(eventOn(opNS, cmName, "ArchiveBehindConfirmed")).Should(BeTrue())
+		Eventually(eventOn(opNS, cmName, hooksv1alpha1.ReasonArchiveBehindConfirmed)).Should(BeTrue())
 	})
 })
