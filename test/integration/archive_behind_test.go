@@ -20,6 +20,16 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 )
 
+// startWithWatermark starts a manager (a new process's worth: its own keeper and
+// migrator) that archives to store and keeps the watermark in ns/cm, checked every second.
+func startWithWatermark(store *archive.Store, ns, cm string) *runningManager {
+	GinkgoHelper()
+	keeper := &archivewatermark.Keeper{Client: k8s, Archive: store, Namespace: ns, ConfigMap: cm}
+	return startManager(managerOptions{store: store, archiveAfter: time.Second, watermark: keeper,
+		migrator: &archiver.Migrator{Archive: store, Client: k8s, Namespace: ns, ConfigMap: cm,
+			Retry: time.Second, Watermark: keeper, CheckEvery: time.Second}})
+}
+
 // An archive restored from an older copy keeps its identity row; the cluster's
 // watermark finds it behind, and a charge it lost is not POSTed again on redelivery.
 var _ = Describe("an archive behind the cluster (docs/design.md §12)", Ordered, func() {
@@ -39,11 +49,8 @@ var _ = Describe("an archive behind the cluster (docs/design.md §12)", Ordered,
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "operator-"}}
 		Expect(k8s.Create(ctx, ns)).To(Succeed())
 		opNS = ns.Name
-		keeper := &archivewatermark.Keeper{Client: k8s, Archive: store, Namespace: opNS, ConfigMap: cmName}
 		mgr.stop()
-		mgr = startManager(managerOptions{store: store, archiveAfter: time.Second, watermark: keeper,
-			migrator: &archiver.Migrator{Archive: store, Client: k8s, Namespace: opNS, ConfigMap: cmName,
-				Retry: time.Second, Watermark: keeper, CheckEvery: time.Second}})
+		mgr = startWithWatermark(store, opNS, cmName)
 	})
 	AfterAll(func() {
 		mgr.stop()
@@ -152,5 +159,40 @@ var _ = Describe("an archive behind the cluster (docs/design.md §12)", Ordered,
 		Expect(k8s.Update(ctx, &cm)).To(Succeed())
 		Eventually(store.Behind).WithTimeout(30 * time.Second).Should(BeEmpty())
 		Eventually(eventOn(opNS, cmName, hooksv1alpha1.ReasonArchiveBehindConfirmed)).Should(BeTrue())
+	})
+	It("finds it behind when the operator starts against an archive restored while it was down", func() {
+		ns := reconcilingTenant()
+		settledAndArchived(ns, "msg-wm-2", "job-wm-2", 4)
+		Expect(pg.Stop()).To(Succeed())
+		backup, err := pg.CopyData()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(pg.StartAgain()).To(Succeed())
+		settledAndArchived(ns, "msg-wm-3", "job-wm-3", 6)
+		idem := identity.NamespacedIdempotencyKey(ns, key(ns, "job-wm-3"))
+		Expect(posts(billing.CallsFor(idem))).To(Equal(1))
+		lost := watermark()
+		Expect(lost.Name).NotTo(BeEmpty())
+
+		// The operator goes down; the archive is restored; a new operator process starts.
+		mgr.stop()
+		Expect(pg.Stop()).To(Succeed())
+		pg.WaitGone(10 * time.Second)
+		Expect(pg.RestoreData(backup)).To(Succeed())
+		Expect(pg.StartAgain()).To(Succeed())
+		store.Close()
+		store, err = archive.Open(archive.Config{URL: pg.URL("archive"), StatementTimeout: 2 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		mgr = startWithWatermark(store, opNS, cmName)
+
+		Eventually(store.Behind).WithTimeout(30 * time.Second).Should(ContainSubstring("lacks row"))
+		calls := len(billing.CallsFor(idem))
+		Expect(send(ns, "msg-wm-3", jobEvent("job-wm-3", 1, 6)).Status).To(Equal(http.StatusOK))
+		Eventually(settlementState(ns, "job-wm-3")).WithTimeout(45 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		Consistently(func() int { return posts(billing.CallsFor(idem)) }).WithTimeout(3*time.Second).Should(Equal(1),
+			"no second POST of the lost key")
+		since := billing.CallsFor(idem)[calls:]
+		Expect(since).NotTo(BeEmpty())
+		Expect(since[0].Method).To(Equal(http.MethodGet), "a lookup by key first: %+v", since)
+		Expect(watermark()).To(Equal(lost), "the watermark does not move while the archive is behind")
 	})
 })
