@@ -37,6 +37,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/controllers/webhookevent"
 	"github.com/settlement-operator/settlement-operator/controllers/webhookprovider"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/archivewatermark"
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 	"github.com/settlement-operator/settlement-operator/internal/receiver"
@@ -187,6 +188,7 @@ func main() {
 	}
 
 	var store *archive.Store
+	var watermark *archivewatermark.Keeper
 	if archiveURL != "" {
 		archiveCfg.URL = archiveURL
 		if store, err = archive.Open(archiveCfg); err != nil {
@@ -199,12 +201,16 @@ func main() {
 			log.Error(err, "unable to create a client")
 			os.Exit(1)
 		}
-		if err := mgr.Add(&archiver.Migrator{Archive: store, Client: direct,
+		// The watermark of what was archived, beside the archive's identity: every
+		// replica compares the archive with it; the leader moves it forward.
+		watermark = &archivewatermark.Keeper{Client: direct, Archive: store, Namespace: operatorNamespace,
+			ConfigMap: leaderElectionID + "-archive", Recorder: mgr.GetEventRecorder("archive")}
+		if err := mgr.Add(&archiver.Migrator{Archive: store, Client: direct, Watermark: watermark,
 			Namespace: operatorNamespace, ConfigMap: leaderElectionID + "-archive"}); err != nil {
 			log.Error(err, "unable to add the archive migrator")
 			os.Exit(1)
 		}
-		if err := (&archiver.Reconciler{Client: mgr.GetClient(), Archive: store, After: archiveAfter,
+		if err := (&archiver.Reconciler{Client: mgr.GetClient(), Archive: store, After: archiveAfter, Watermark: watermark,
 			Recorder: mgr.GetEventRecorder(archiver.ControllerName), MaxConcurrentReconciles: workers,
 		}).SetupWithManager(mgr); err != nil {
 			log.Error(err, "unable to set up controller", "controller", archiver.ControllerName)
@@ -257,7 +263,7 @@ func main() {
 	// What the settlements' calls learn about each billing provider, shown on it.
 	health := providerclient.NewHealth()
 	if err := (&billingsettlement.Reconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: settlementWorkers, Archive: store,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: settlementWorkers, Archive: store, Watermark: watermark,
 		Recorder: mgr.GetEventRecorder(billingsettlement.ControllerName), TransitionEvents: transitionEvents,
 		Health: health,
 	}).SetupWithManager(mgr); err != nil {

@@ -233,4 +233,13 @@ const (
 	// ReasonArchivedDuplicate: the archive already holds this event, job version or
 	// settlement key; nothing is dispatched or sent again.
 	ReasonArchivedDuplicate = "ArchivedDuplicate"
+	// ReasonArchiveBehind: the archive lacks a record the cluster archived and read
+	// back (restored from an older copy, a lagging standby); "the archive holds none"
+	// proves nothing, so a settlement not yet sent is looked up by key first. On the
+	// archive's identity ConfigMap as a Warning Event, and on such a settlement.
+	ReasonArchiveBehind = "ArchiveBehind"
+	// ReasonArchiveBehindConfirmed: a person removed the watermark of an archive found
+	// behind; the state is cleared and the watermark starts again (a Normal Event on
+	// the archive's identity ConfigMap).
+	ReasonArchiveBehindConfirmed = "ArchiveBehindConfirmed"
 )

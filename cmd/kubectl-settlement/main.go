@@ -31,6 +31,7 @@ import (
 
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archiveexport"
+	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivegap"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archiveget"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivelist"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/cmdline"
@@ -104,6 +105,7 @@ Commands:
   get <ref>   every archived record a reference names
   list        archived settlements, oldest first
   export      archived settlements as CSV or JSON Lines on stdout
+  gap         what an archive restored from an older copy may have lost
 
 Run 'kubectl settlement archive <command> --help' for a command's flags.
 `
@@ -132,7 +134,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 	}
 	args = args[1:]
 	if len(args) == 0 {
-		return cmdline.Usagef("archive", "no archive command given: get, list or export")
+		return cmdline.Usagef("archive", "no archive command given: get, list, export or gap")
 	}
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
@@ -143,6 +145,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, env 
 		return archivelist.Run(ctx, e, red, args[1:])
 	case "export":
 		return archiveexport.Run(ctx, e, red, args[1:])
+	case "gap":
+		return archivegap.Run(ctx, e, red, args[1:])
 	}
-	return cmdline.Usagef("archive", "unknown archive command %q: want get, list or export", args[0])
+	return cmdline.Usagef("archive", "unknown archive command %q: want get, list, export or gap", args[0])
 }

@@ -637,3 +637,46 @@ func TestDefaultNamespace(t *testing.T) {
 		t.Fatalf("a missing --kubeconfig: %d %s", r.code, r.stderr)
 	}
 }
+
+// archive gap: the watermark checked against the archive, where the archive ends, and
+// the provider's keys the archive does not hold.
+func TestGap(t *testing.T) {
+	env := dbEnv(archived(t))
+	r := cli(t, env, "archive", "gap", "-n", "tenant-a", "--watermark", `{"seq":4,"table":"settlements","namespace":"tenant-b","name":"stl-a"}`)
+	if r.code != 0 || !strings.Contains(r.stdout, "The archive holds it") || !strings.Contains(r.stdout, "Archive insert counter:  7") ||
+		!strings.Contains(r.stdout, "seq 7 (event_receipts tenant-a/acme-e1), archived ") {
+		t.Fatalf("gap, archive current: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = cli(t, env, "archive", "gap", "-n", "tenant-a", "--watermark", `{"seq":9,"table":"settlements","namespace":"tenant-a","name":"stl-lost"}`)
+	if r.code != 0 || !strings.Contains(r.stdout, "BEHIND: the archive lacks row seq 9 (settlements tenant-a/stl-lost)") {
+		t.Fatalf("gap, archive behind: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	dir := t.TempDir()
+	jsonl := dir + "/records.jsonl"
+	if err := os.WriteFile(jsonl, []byte(`{"id":"ch_1","idempotency_key":"stl_tenant-a_stl-a","amount":1523}
+{"id":"ch_2","idempotency_key":"stl_tenant-a_stl-lost","amount":700}
+{"id":"ch_1","idempotency_key":"stl_tenant-a_stl-a","amount":1523}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = cli(t, env, "archive", "gap", "-n", "tenant-a", "--provider-records", jsonl)
+	if r.code != 0 || !strings.Contains(r.stdout, "2 keys read, 1 in the archive (namespace tenant-a), 1 not:\n  stl_tenant-a_stl-lost\n") ||
+		!strings.Contains(r.stdout, "whether the archive is behind is not checked") {
+		t.Fatalf("gap --provider-records (JSON Lines): %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	csvFile := dir + "/records.csv"
+	if err := os.WriteFile(csvFile, []byte("id,Idempotency Key,amount\nch_1,stl_tenant-b_stl-a,100\nch_3,stl_tenant-b_stl-x,5\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = cli(t, env, "archive", "gap", "-A", "--provider-records", csvFile, "--key-field", "Idempotency Key")
+	if r.code != 0 || !strings.Contains(r.stdout, "2 keys read, 1 in the archive (any namespace), 1 not:\n  stl_tenant-b_stl-x\n") {
+		t.Fatalf("gap --provider-records (CSV): %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := cli(t, env, "archive", "gap", "--provider-records", csvFile); r.code != 2 || !strings.Contains(r.stderr, "none of the columns") {
+		t.Fatalf("a CSV without a key column: %d %s", r.code, r.stderr)
+	}
+	if r := cli(t, env, "archive", "gap", "--watermark", "{", "--watermark-from", "a/b"); r.code != 2 {
+		t.Fatalf("both watermark flags: %d %s", r.code, r.stderr)
+	}
+}

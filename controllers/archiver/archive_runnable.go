@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/archivewatermark"
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
 )
 
@@ -31,6 +32,12 @@ type Migrator struct {
 	// Namespace and ConfigMap name where the cluster remembers which archive it
 	// archives to. Without a namespace the check is skipped (and said so).
 	Namespace, ConfigMap string
+	// Watermark, when set, is compared with the archive once it is ready and then
+	// every CheckEvery (30s): an archive behind the cluster is a state of its own
+	// (internal/archivewatermark). Every new connection is checked as well (the store
+	// does it before the connection is used).
+	Watermark  *archivewatermark.Keeper
+	CheckEvery time.Duration
 }
 
 // ArchiveIdentityKey is the ConfigMap key holding the archive's ID.
@@ -90,7 +97,11 @@ func (m *Migrator) Start(ctx context.Context) error {
 		err := m.Archive.Migrate(ctx)
 		if err == nil && m.Namespace != "" {
 			if err = m.checkIdentity(ctx); err == nil {
-				m.Archive.Hold(nil)
+				// The watermark too before anything reads the archive: a restored
+				// archive is behind from its first read, not from the next check.
+				if err = m.Watermark.Check(ctx); err == nil {
+					m.Archive.Hold(nil)
+				}
 			} else if errors.Is(err, errWrongArchive) {
 				m.Archive.Hold(err)
 			}
@@ -108,6 +119,27 @@ func (m *Migrator) Start(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 	}
-	<-ctx.Done()
-	return nil
+	every := m.CheckEvery
+	if every <= 0 {
+		every = 30 * time.Second
+	}
+	reported := ""
+	for {
+		if err := m.Watermark.Check(ctx); err != nil {
+			logger.Info("the archive could not be compared with the cluster's watermark; trying again", "error", err.Error(), "retryIn", every.String())
+		}
+		if why := m.Archive.Behind(); why != reported {
+			reported = why
+			if why != "" {
+				logger.Error(errors.New(why), "archive behind the cluster: settlements not yet sent are looked up by key first until a person confirms (docs/runbook.md, SettlementArchiveBehind)")
+			} else {
+				logger.Info("archive no longer behind: confirmed by removing the watermark")
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(every):
+		}
+	}
 }

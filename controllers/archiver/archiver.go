@@ -24,6 +24,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
+	"github.com/settlement-operator/settlement-operator/internal/archivewatermark"
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
@@ -49,6 +50,9 @@ type Reconciler struct {
 	client.Client
 	Archive  *archive.Store
 	Recorder recorder.EventRecorder
+	// Watermark is moved past each archived record before the record is deleted, so
+	// that an archive restored to before it is found behind (nil: not kept).
+	Watermark *archivewatermark.Keeper
 	// After is how long a finished record stays (DefaultArchiveAfter when zero).
 	After time.Duration
 	// Now is the clock (time.Now).
@@ -274,6 +278,12 @@ func (a *Reconciler) archiveOne(kind string, newObj func() client.Object, insert
 		}
 		if err != nil {
 			log.FromContext(ctx).Info("archive unavailable; the record stays in the cluster", "kind", kind, "error", err.Error())
+			return ctrl.Result{RequeueAfter: archivelookup.RetryInterval}, nil
+		}
+		// The watermark covers it before it leaves: an archive that later lacks it is
+		// found behind, never taken for one that never had it.
+		if err := a.Watermark.Cover(ctx); err != nil {
+			log.FromContext(ctx).Info("archive watermark not written; the record stays in the cluster", "kind", kind, "error", err.Error())
 			return ctrl.Result{RequeueAfter: archivelookup.RetryInterval}, nil
 		}
 		uid, rv := obj.GetUID(), obj.GetResourceVersion()

@@ -20,6 +20,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/archivewatermark"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
 	"github.com/settlement-operator/settlement-operator/internal/index"
@@ -61,6 +62,9 @@ type Reconciler struct {
 	// never sent again, a settlement leaves only once it is archived, and compensations
 	// count the archived refunds of their charge (docs/design.md §12).
 	Archive *archive.Store
+	// Watermark is moved past a settlement the deletion path archives, before its
+	// finalizer goes (internal/archivewatermark; nil: not kept).
+	Watermark *archivewatermark.Keeper
 	// TransitionEvents records a Normal Kubernetes Event for every routine step of a
 	// charge (submitted, settled). Off by default: Events are for what a human acts on
 	// (warnings, dead letters, replays), and two routine Events per charge were a fifth
@@ -140,7 +144,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 			err = perr
 		}
 	}()
-	phases := []settlementPhase{r.observeGeneration, r.checkIdentity, r.checkArchive, r.initExposure, r.handleReplay,
+	phases := []settlementPhase{r.observeGeneration, r.checkIdentity, r.checkArchive, r.initExposure, r.lookupFirstWhileArchiveBehind, r.handleReplay,
 		r.handleReconcileRequest, r.updateReversedBy, r.resolveProvider, r.drive}
 	if !bs.DeletionTimestamp.IsZero() {
 		phases = []settlementPhase{r.observeGeneration, r.initExposure, r.resolveProviderIfHeld, r.drive}

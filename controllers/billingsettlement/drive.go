@@ -332,6 +332,9 @@ func (r *Reconciler) release(ctx context.Context, s *settlementScope) (ctrl.Resu
 		// without an archive (its events show it deleted; nothing reserves its keys).
 		err := r.Archive.ArchiveSettlement(ctx, bs)
 		metrics.NoteArchive("BillingSettlement", err)
+		if err == nil {
+			err = r.Watermark.Cover(ctx) // before it leaves (internal/archivewatermark)
+		}
 		switch {
 		case err == nil:
 		case archive.IsConflict(err):

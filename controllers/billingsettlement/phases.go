@@ -170,6 +170,29 @@ func (r *Reconciler) initExposure(ctx context.Context, s *settlementScope) (ctrl
 	return ctrl.Result{}, nil
 }
 
+// lookupFirstWhileArchiveBehind: while the archive is behind the cluster — it lacks a
+// record the cluster archived, read back and deleted (restored from an older copy, a
+// lagging standby; internal/archivewatermark) — "the archive holds none of this
+// operation" proves nothing: the key may be one the archive lost, charged long ago.
+// So a settlement not yet answered (Pending) whose facts said None — never presented,
+// or created with its job — is raised to Possible: the provider is asked by key before
+// anything is sent, and a record it holds is adopted. Nothing waits for a person where
+// the provider can answer; where it cannot (a Stripe meter event never sent by this
+// record), the decision goes to RequiresReconciliation with nothing sent. Raising
+// exposure is always safe; it is never lowered again when the state clears.
+func (r *Reconciler) lookupFirstWhileArchiveBehind(_ context.Context, s *settlementScope) (ctrl.Result, error) {
+	bs, st := s.bs, &s.bs.Status
+	why := r.Archive.Behind()
+	if why == "" || st.Exposure != hooksv1alpha1.ExposureNone || st.State != hooksv1alpha1.SettlementPending {
+		return ctrl.Result{}, nil
+	}
+	st.Exposure = hooksv1alpha1.ExposurePossible
+	msg := "the archive is behind the cluster (" + why + "): its key may be one the archive lost, so the provider is asked by key before anything is sent"
+	r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonArchiveBehind, "Validate", "%s", conditions.TruncateMessage(msg))
+	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonArchiveBehind, conditions.TruncateMessage(msg))
+	return ctrl.Result{}, nil
+}
+
 // neverPresented reports whether the facts say s's settlement never presented its key
 // anywhere (docs/design.md §14): its status records no attempt, no other settlement of
 // its logical operation (its legacy name, for a key minted since keys are namespaced)
@@ -192,7 +215,9 @@ func (r *Reconciler) neverPresented(ctx context.Context, s *settlementScope) (bo
 	}
 	bs := s.bs
 	answer := func(v bool) (bool, error) { s.neverPresented = &v; return v, nil }
-	if !settlement.NeverAttempted(&bs.Status) || !bs.DeletionTimestamp.IsZero() {
+	if !settlement.NeverAttempted(&bs.Status) || !bs.DeletionTimestamp.IsZero() || r.Archive.Behind() != "" {
+		// (An archive behind the cluster may have lost this operation: its "holds
+		// none" proves nothing — lookupFirstWhileArchiveBehind.)
 		return answer(false)
 	}
 	names, _ := settlement.OperationIdentities(bs.Namespace, bs.Name, bs.Spec.SettlementKey, bs.Spec.IdempotencyKey)

@@ -61,6 +61,8 @@ type Store struct {
 	// held, when set, keeps the archive unavailable although its schema is there (its
 	// identity is not checked yet, or is not the one the cluster archived to).
 	held atomic.Pointer[error]
+	// wm is the archive's position against the cluster's watermark (watermark.go).
+	wm watermarkState
 }
 
 // Hold keeps the archive unavailable with reason (nil releases it).
@@ -141,11 +143,14 @@ func Open(cfg Config) (*Store, error) {
 		pc.ConnConfig.ConnectTimeout = 5 * time.Second
 	}
 	pc.HealthCheckPeriod = 10 * time.Second
+	s := &Store{callTimeout: timeout + 2*time.Second}
+	pc.AfterConnect = s.checkOnConnect
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
 		return nil, fmt.Errorf("archive pool: %w", err)
 	}
-	return &Store{pool: pool, callTimeout: timeout + 2*time.Second}, nil
+	s.pool = pool
+	return s, nil
 }
 
 // Close closes the pool.
@@ -320,7 +325,8 @@ func hashOf(v any) string {
 // insertReadBack inserts one row (ON CONFLICT DO NOTHING: every unique constraint),
 // then reads the row under the record's own name back: its stored content hash, and
 // its content hash recomputed from what is stored (readBack selects the object as
-// readers get it, its content hash, and whether the row is of 0001's form). check
+// readers get it, its content hash, whether the row is of 0001's form, and its seq,
+// which LastReadBack then covers). check
 // returns the recomputed hash and the archived record's own (of the same form). A row
 // that is missing after the insert means another record holds one of its keys.
 func (s *Store) insertReadBack(ctx context.Context, kind, ns, name, insert string, args []any,
@@ -343,7 +349,8 @@ func (s *Store) insertReadBack(ctx context.Context, kind, ns, name, insert strin
 	var stored []byte
 	var storedHash string
 	var legacy bool
-	err := s.pool.QueryRow(ctx, readBack, readArgs...).Scan(&stored, &storedHash, &legacy)
+	var seq *int64
+	err := s.pool.QueryRow(ctx, readBack, readArgs...).Scan(&stored, &storedHash, &legacy, &seq)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return &ConflictError{Kind: kind, Namespace: ns, Name: name,
 			Detail: "another archived record holds one of its unique keys (event ID, job version, settlement or idempotency key)"}
@@ -361,6 +368,9 @@ func (s *Store) insertReadBack(ctx context.Context, kind, ns, name, insert strin
 	if got != want {
 		return &ConflictError{Kind: kind, Namespace: ns, Name: name,
 			Detail: "the stored object does not read back as what was archived (its encoding lost something)"}
+	}
+	if seq != nil { // NULL: a row archived before migration 0003
+		s.noteReadBack(Mark{Seq: *seq, Table: tableOf(kind), Namespace: ns, Name: name})
 	}
 	return nil
 }

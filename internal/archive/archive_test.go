@@ -250,7 +250,7 @@ func TestMigrateTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	v, err := s.SchemaVersion(context.Background())
-	if err != nil || v != 2 {
+	if err != nil || v != 3 {
 		t.Fatalf("schema version %d %v", v, err)
 	}
 }
@@ -291,6 +291,10 @@ func TestMigrateAsInsertOnlyRole(t *testing.T) {
 	}
 	if err := limited.ArchiveSettlement(ctx, settled("limited")); err != nil {
 		t.Fatalf("an insert-only role must be able to archive: %v", err)
+	}
+	// ... and to check the watermark (migration 0003: no grant on the counter needed).
+	if held, why, err := limited.CheckMark(ctx, limited.LastReadBack()); err != nil || !held {
+		t.Fatalf("an insert-only role must be able to check the watermark: %v, %q, %v", held, why, err)
 	}
 }
 

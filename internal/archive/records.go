@@ -146,7 +146,7 @@ func (s *Store) ArchiveEvent(ctx context.Context, ev *hooksv1alpha1.WebhookEvent
 		 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13) ON CONFLICT DO NOTHING`,
 		[]any{ev.Namespace, ev.Name, string(ev.UID), ev.Spec.Provider, ev.Spec.EventID, ev.Spec.EventType, ev.Spec.PayloadHash,
 			ev.Spec.ReceivedAt.UTC(), string(ev.Status.Phase), ops, ev.CreationTimestamp.UTC(), EventReceiptHash(ev), extra},
-		`SELECT event_receipt_object(t), content_hash, t.object IS NOT NULL FROM event_receipts t WHERE namespace = $1 AND name = $2`,
+		`SELECT event_receipt_object(t), content_hash, t.object IS NOT NULL, t.seq FROM event_receipts t WHERE namespace = $1 AND name = $2`,
 		[]any{ev.Namespace, ev.Name},
 		func(stored []byte, legacy bool) (string, string, error) {
 			var got hooksv1alpha1.WebhookEvent
@@ -202,7 +202,7 @@ func (s *Store) ArchiveJobCompletion(ctx context.Context, jc *hooksv1alpha1.JobC
 		[]any{jc.Namespace, jc.Name, string(jc.UID), jc.Spec.Provider, jc.Spec.JobID, c.Version, string(c.State),
 			string(jc.Status.State), jc.Status.AppliedVersion, ts(c.CompletedAt), ts(jc.Status.AppliedAt), meter, qty, unit,
 			c.SourceEvent, jc.CreationTimestamp.UTC(), JobContentHash(jc), rest},
-		`SELECT job_completion_object(t), content_hash, false FROM job_completions t WHERE namespace = $1 AND name = $2 AND version = $3`,
+		`SELECT job_completion_object(t), content_hash, false, t.seq FROM job_completions t WHERE namespace = $1 AND name = $2 AND version = $3`,
 		[]any{jc.Namespace, jc.Name, c.Version},
 		rehash(JobContentHash, jc))
 }
@@ -281,7 +281,7 @@ func (s *Store) ArchiveSettlement(ctx context.Context, bs *hooksv1alpha1.Billing
 			condTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered), condTrue(st.Conditions, hooksv1alpha1.ConditionReconciled),
 			ts(st.FirstSubmittedAt), ts(st.SettledAt), ts(st.LastReconciledAt), bs.CreationTimestamp.UTC(),
 			SettlementContentHash(bs), obj},
-		`SELECT object, content_hash, false FROM settlements WHERE namespace = $1 AND name = $2`, []any{bs.Namespace, bs.Name},
+		`SELECT object, content_hash, false, seq FROM settlements WHERE namespace = $1 AND name = $2`, []any{bs.Namespace, bs.Name},
 		rehash(SettlementContentHash, bs))
 }
 

@@ -62,7 +62,7 @@ var (
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{EventsExpired, providerCalls, billingCallDuration, SettlementTransitions, DeadLetters,
 		ReceiptToSettled, JobTransitions, DiscrepanciesFound, RepairsCarriedOut,
-		ArchivedRecords, ArchivedDuplicates, ArchiveFailures, archiveEnabled, archiveUp}
+		ArchivedRecords, ArchivedDuplicates, ArchiveFailures, archiveEnabled, archiveUp, archiveBehind}
 }
 
 func init() { crmetrics.Registry.MustRegister(Collectors()...) }
@@ -210,7 +210,20 @@ var (
 		Name: "settlement_archive_up",
 		Help: "1 when the archive answered its last operation, 0 when it did not.",
 	})
+	archiveBehind = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "settlement_archive_behind",
+		Help: "1 when the archive lacks a row the cluster archived, read back and may have deleted (restored from an older copy, or a lagging standby): until a person confirms, every settlement not yet sent is looked up before its first submission. Alert on it.",
+	})
 )
+
+// SetArchiveBehind records whether the archive is behind the cluster's watermark.
+func SetArchiveBehind(behind bool) {
+	if behind {
+		archiveBehind.Set(1)
+	} else {
+		archiveBehind.Set(0)
+	}
+}
 
 // SetArchiveEnabled records whether the manager runs with an archive.
 func SetArchiveEnabled(on bool) {

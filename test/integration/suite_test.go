@@ -29,6 +29,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/controllers/webhookevent"
 	"github.com/settlement-operator/settlement-operator/controllers/webhookprovider"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/archivewatermark"
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 	"github.com/settlement-operator/settlement-operator/internal/receiver"
 	"github.com/settlement-operator/settlement-operator/test/fakebilling"
@@ -114,6 +115,10 @@ type managerOptions struct {
 	archiveAfter time.Duration
 	// maxListPages, when set, caps a reconciliation pass's walk of the provider's list.
 	maxListPages int
+	// watermark and migrator, when set with store, keep the archive's watermark and
+	// compare the archive with it (the migrator is added to the manager).
+	watermark *archivewatermark.Keeper
+	migrator  *archiver.Migrator
 	// noEventController leaves the WebhookEvent controller out: deliveries are stored
 	// and wait, as they would for a busy or starting leader.
 	noEventController bool
@@ -151,7 +156,7 @@ func startManager(opts ...managerOptions) *runningManager {
 	health := providerclient.NewHealth()
 	health.Hold = 2 * time.Second
 	Expect((&billingsettlement.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
-		Recorder: m.GetEventRecorder("billingsettlement"), Archive: o.store, Health: health,
+		Recorder: m.GetEventRecorder("billingsettlement"), Archive: o.store, Watermark: o.watermark, Health: health,
 		CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
 	Expect((&billingprovider.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("billingprovider"), Archive: o.store, Health: health,
@@ -162,7 +167,13 @@ func startManager(opts ...managerOptions) *runningManager {
 	recvOpts := receiver.Options{BindAddress: "127.0.0.1:0", SecretTTL: time.Second}
 	if o.store != nil {
 		Expect((&archiver.Reconciler{Client: m.GetClient(), Archive: o.store, After: o.archiveAfter,
-			Recorder: m.GetEventRecorder("archiver")}).SetupWithManager(m)).To(Succeed())
+			Recorder: m.GetEventRecorder("archiver"), Watermark: o.watermark}).SetupWithManager(m)).To(Succeed())
+		if o.migrator != nil {
+			if o.watermark != nil && o.watermark.Recorder == nil {
+				o.watermark.Recorder = m.GetEventRecorder("archive")
+			}
+			Expect(m.Add(o.migrator)).To(Succeed())
+		}
 		recvOpts.Archive = o.store
 	}
 	recv := receiver.New(recvOpts, m.GetCache(),

@@ -158,7 +158,7 @@ func TestAlertRules(t *testing.T) {
 	// receiver 503/400/429 and signature failures, reconciliation findings, the archive.
 	for _, a := range []string{"SettlementDeadLettered", "SettlementStuckUnsettled", "SettlementReceiverUnavailable",
 		"SettlementReceiverBadRequests", "SettlementReceiverSignatureRejected", "SettlementReceiverThrottling",
-		"SettlementReconciliationFindings", "SettlementArchiveDown", "SettlementArchiveConflict"} {
+		"SettlementReconciliationFindings", "SettlementArchiveDown", "SettlementArchiveConflict", "SettlementArchiveBehind"} {
 		if !alerts[a] {
 			t.Errorf("no alert %s", a)
 		}

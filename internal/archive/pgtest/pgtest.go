@@ -171,3 +171,28 @@ func (s *Server) WaitGone(timeout time.Duration) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// CopyData copies the data directory of a stopped server (Stop first) and returns the
+// copy's path, inside the server's directory (removed by Close). With RestoreData it
+// stands for a backup taken at that moment, restored later.
+func (s *Server) CopyData() (string, error) {
+	entries, _ := filepath.Glob(filepath.Join(s.dir, "copy-*"))
+	dst := filepath.Join(s.dir, fmt.Sprintf("copy-%d", len(entries)+1))
+	if out, err := exec.Command("cp", "-a", s.data, dst).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("copy the data directory: %w: %s", err, out)
+	}
+	return dst, nil
+}
+
+// RestoreData replaces the data directory of a stopped server with a copy CopyData
+// made (the copy is kept, so it can be restored again); StartAgain then starts the
+// server as it was when the copy was taken.
+func (s *Server) RestoreData(copyDir string) error {
+	if err := os.RemoveAll(s.data); err != nil {
+		return err
+	}
+	if out, err := exec.Command("cp", "-a", copyDir, s.data).CombinedOutput(); err != nil {
+		return fmt.Errorf("restore the data directory: %w: %s", err, out)
+	}
+	return nil
+}
