@@ -14,6 +14,7 @@ package archivewatermark
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -47,6 +48,9 @@ type Keeper struct {
 	written archive.Mark // the watermark as last read or written
 	// reported is the reason last recorded as an Event ("" when none is pending).
 	reported string
+	// lost is the watermark this replica read while it found the archive behind: the
+	// state lasts while the ConfigMap holds it (zero when not behind).
+	lost archive.Mark
 }
 
 func (k *Keeper) off() bool { return k == nil || k.Namespace == "" || k.Archive == nil }
@@ -92,11 +96,38 @@ func (k *Keeper) Check(ctx context.Context) error {
 		// Confirmed by a person: what the archive lost is accounted for.
 		k.Archive.SetBehind("")
 		k.Archive.ResetReadBack()
-		k.reported = ""
+		k.reported, k.lost = "", archive.Mark{}
 		metrics.SetArchiveBehind(false)
 		k.event(cm, corev1.EventTypeNormal, hooksv1alpha1.ReasonArchiveBehindConfirmed,
 			"the watermark was removed: the archive is taken as it is now, and the watermark starts again")
 		return nil
+	}
+	if k.Archive.Behind() != "" && !m.IsZero() {
+		switch {
+		case k.lost.IsZero():
+			k.lost = m
+		case m != k.lost:
+			// A watermark other than the one this replica found lacking: written after
+			// a person's confirmation, by a replica that checked it against the archive
+			// first (none is written while a replica finds the archive behind). This
+			// replica missed the moment the watermark was absent; an archive that holds
+			// the new one is not behind it. (The lacking watermark itself never clears
+			// the state by being found again: a restored archive reuses sequence numbers,
+			// and a lost row's name can come back at its number by chance.)
+			held, _, err := k.Archive.CheckMark(ctx, m)
+			if err != nil {
+				return err
+			}
+			if held {
+				k.Archive.SetBehind("")
+				k.Archive.ResetReadBack()
+				k.reported, k.lost = "", archive.Mark{}
+				metrics.SetArchiveBehind(false)
+				k.event(cm, corev1.EventTypeNormal, hooksv1alpha1.ReasonArchiveBehindConfirmed,
+					"the watermark was confirmed and written again by another replica, and the archive holds it")
+				return nil
+			}
+		}
 	}
 	if k.Archive.Behind() == "" {
 		held, why, err := k.Archive.CheckMark(ctx, m)
@@ -105,11 +136,18 @@ func (k *Keeper) Check(ctx context.Context) error {
 		}
 		if !held {
 			k.Archive.SetBehind(why)
+			k.lost = m
 		}
 	}
 	k.report(cm)
 	return nil
 }
+
+// ErrBehind holds records in the cluster while the archive is behind: what is
+// archived into a database that lost rows could be lost again with it (a standby
+// pointed back at the newer primary, a person confirming), and the watermark cannot
+// cover it.
+var ErrBehind = errors.New("the archive is behind the cluster: records stay in the cluster until it holds the watermark again or a person confirms (docs/runbook.md, SettlementArchiveBehind)")
 
 // report makes the state visible once it is known (the first new connection may have
 // found it before Check ran).
@@ -145,8 +183,11 @@ func (k *Keeper) Cover(ctx context.Context) error {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.Archive.Behind() != "" {
+		return ErrBehind
+	}
 	m := k.Archive.LastReadBack()
-	if m.Seq <= k.written.Seq || k.Archive.Behind() != "" {
+	if m.Seq <= k.written.Seq {
 		return nil
 	}
 	for attempt := 0; ; attempt++ {
@@ -165,8 +206,9 @@ func (k *Keeper) Cover(ctx context.Context) error {
 		}
 		if !held {
 			k.Archive.SetBehind(why)
+			k.lost = cur
 			metrics.SetArchiveBehind(true)
-			return nil
+			return ErrBehind
 		}
 		b, _ := json.Marshal(m)
 		if cm.Data == nil {

@@ -3,6 +3,7 @@ package archivewatermark_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -154,8 +155,8 @@ func TestCoverNeverHidesARestore(t *testing.T) {
 	if s3.LastReadBack().Seq <= lost.Seq {
 		t.Fatalf("the new rows did not overtake the lost seq: %+v vs %+v", s3.LastReadBack(), lost)
 	}
-	if err := k3.Cover(ctx); err != nil {
-		t.Fatal(err)
+	if err := k3.Cover(ctx); !errors.Is(err, archivewatermark.ErrBehind) {
+		t.Fatalf("Cover let a record leave the cluster for an archive behind it: %v", err)
 	}
 	if s3.Behind() == "" {
 		t.Fatal("Cover moved past a restore without finding the archive behind")
@@ -163,9 +164,27 @@ func TestCoverNeverHidesARestore(t *testing.T) {
 	if m := watermark(); m != lost {
 		t.Fatalf("the watermark moved while the archive is behind: %+v, want %+v", m, lost)
 	}
-	archived(s3, k3, "stl-f")
+	if err := s3.ArchiveSettlement(ctx, settlement("stl-f")); err != nil {
+		t.Fatal(err)
+	}
+	if err := k3.Cover(ctx); !errors.Is(err, archivewatermark.ErrBehind) {
+		t.Fatalf("while behind, records stay in the cluster: Cover answered %v", err)
+	}
 	if err := k3.Check(ctx); err != nil || s3.Behind() == "" || watermark() != lost {
 		t.Fatalf("the state must last until a person confirms: %v, %q, %+v", err, s3.Behind(), watermark())
+	}
+	// A second replica, on its own connection, finds it behind too.
+	s4, err := archive.Open(archive.Config{URL: pg.URL("archive")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s4.Close()
+	if err := s4.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	k4 := &archivewatermark.Keeper{Client: cl, Archive: s4, Namespace: "operator", ConfigMap: "archive"}
+	if err := k4.Check(ctx); err != nil || s4.Behind() == "" {
+		t.Fatalf("a second replica did not find the archive behind: %v, %q", err, s4.Behind())
 	}
 
 	// A person confirms: the watermark is removed, the state clears, and it starts again
@@ -187,5 +206,10 @@ func TestCoverNeverHidesARestore(t *testing.T) {
 	}
 	if err := k3.Check(ctx); err != nil || s3.Behind() != "" {
 		t.Fatalf("a current archive after confirmation: %v, %q", err, s3.Behind())
+	}
+	// The second replica checked only after the first had written a new watermark: it
+	// never read the confirmation (no watermark), yet the archive holds the current one.
+	if err := k4.Check(ctx); err != nil || s4.Behind() != "" {
+		t.Fatalf("a replica that missed the confirmation stays behind: %v, %q", err, s4.Behind())
 	}
 }

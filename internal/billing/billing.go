@@ -387,6 +387,12 @@ func Match(r Request, rec Record) (Mismatch, bool) {
 		sameString("customer", r.Customer, rec.Customer),
 		sameString("reverses", r.Reverses, rec.Reverses),
 	}
+	if r.Type == TypeRefund || r.Type == TypeVoid {
+		// A compensation's record must name what it reverses; when we cannot name it
+		// ourselves (the original is gone, or the archive that held it lost it), the
+		// record cannot be confirmed as this compensation.
+		checks = append(checks, fieldCheck{"reverses", r.Reverses != "" && rec.Reverses != "", true})
+	}
 	if r.Amount != nil {
 		checks = append(checks, fieldCheck{"amount", rec.Amount != nil, true})
 		if a := rec.Amount; a != nil {

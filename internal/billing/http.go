@@ -263,12 +263,18 @@ func decodeRecord(raw []byte) (Record, error) {
 	if w.Reverses != nil {
 		rec.Reverses = *w.Reverses
 	}
-	if w.Usage != nil {
-		rec.Usage = &Usage{Meter: w.Usage.Meter, Quantity: w.Usage.Quantity.String(), Unit: w.Usage.Unit}
+	// A usage object whose members are all null is null, as an omitted one is.
+	if u := w.Usage; u != nil && (u.Meter != "" || u.Quantity.String() != "" || u.Unit != "") {
+		rec.Usage = &Usage{Meter: u.Meter, Quantity: u.Quantity.String(), Unit: u.Unit}
 	}
-	// An amount without minor units says nothing about money: no amount.
-	if w.Amount != nil && w.Amount.Minor != nil {
-		rec.Amount = &Amount{Minor: *w.Amount.Minor, Currency: w.Amount.Currency}
+	// An amount without minor units says nothing about money: no amount — but one that
+	// names anything else (a currency) is a provider's amount it did not state in full,
+	// never ours to fill in from the request: it is missing.
+	switch a := w.Amount; {
+	case a != nil && a.Minor != nil:
+		rec.Amount = &Amount{Minor: *a.Minor, Currency: a.Currency}
+	case a != nil && a.Currency != "":
+		rec.Omitted = append(rec.Omitted, "amount")
 	}
 	// created_at is informational; a provider's odd date format must not turn a valid
 	// answer into an unreadable one.

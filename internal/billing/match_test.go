@@ -152,6 +152,8 @@ func TestMatchReadsLookupRecordsTheJSONWay(t *testing.T) {
 			{path: "amount.currency", null: missing("amount.currency"), other: "EUR", diff: differs("amount.currency")},
 			// Usage we did not send: not our request.
 			{path: "usage", null: ok, other: map[string]any{"meter": "tokens", "quantity": 1, "unit": ""}, diff: differs("usage")},
+			// A usage object with every member null is null.
+			{path: "usage", null: ok, other: map[string]any{"meter": nil, "quantity": nil, "unit": nil}, diff: ok},
 		}},
 		{name: "refund", req: refund, fields: []fieldCase{
 			{path: "reverses", null: missing("reverses"), other: "k9", diff: differs("reverses")},
@@ -210,5 +212,22 @@ func TestMatchReadsLookupRecordsTheJSONWay(t *testing.T) {
 				})
 			}
 		})
+	}
+}
+
+// TestMatchCannotConfirmACompensationWhoseOriginalIsUnknown: a Refund or Void whose
+// original we cannot name (gone, or lost by an archive behind the cluster) has nothing
+// to compare the record's reverses with, so no record is confirmed as it — with or
+// without a reverses.
+func TestMatchCannotConfirmACompensationWhoseOriginalIsUnknown(t *testing.T) {
+	for _, typ := range []string{TypeRefund, TypeVoid} {
+		r := Request{IdempotencyKey: "stl_1", SettlementKey: "k", Type: typ, Customer: "cus_1", Amount: &Amount{Minor: 5, Currency: "USD"}}
+		for _, reverses := range []string{"", "k0"} {
+			rec := Record{IdempotencyKey: "stl_1", SettlementKey: "k", Type: typ, Customer: "cus_1", Reverses: reverses,
+				Amount: &Amount{Minor: 5, Currency: "USD"}}
+			if m, ok := Match(r, rec); ok || m.Field != "reverses" {
+				t.Errorf("%s, record reverses %q: Match = %+v, %v; want reverses not confirmed", typ, reverses, m, ok)
+			}
+		}
 	}
 }

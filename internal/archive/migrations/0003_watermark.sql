@@ -7,8 +7,14 @@
 -- namespace, name); a database that lacks that row is behind the cluster (restored from
 -- an older copy, or a standby that had not received it).
 --
--- Catalog changes only: the column is added without a default (no row is rewritten;
--- rows archived before stay NULL), the indexes cover only rows that have a seq.
+-- No row is rewritten: the column is added without a default (rows archived before stay
+-- NULL), and the indexes cover only rows that have a seq — but building them reads every
+-- existing row, under this transaction's locks, so the session's statement_timeout is
+-- lifted here (a large archive must not time out and retry this forever) and a lock
+-- that cannot be had within a minute fails the migration, to be tried again.
+
+SET LOCAL statement_timeout = 0;
+SET LOCAL lock_timeout = '60s';
 
 CREATE TABLE archive_sequence (
     one  boolean PRIMARY KEY DEFAULT true CHECK (one),
