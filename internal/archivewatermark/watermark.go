@@ -94,12 +94,7 @@ func (k *Keeper) Check(ctx context.Context) error {
 	k.Archive.SetWatermark(m)
 	if m.IsZero() && k.Archive.Behind() != "" {
 		// Confirmed by a person: what the archive lost is accounted for.
-		k.Archive.SetBehind("")
-		k.Archive.ResetReadBack()
-		k.reported, k.lost = "", archive.Mark{}
-		metrics.SetArchiveBehind(false)
-		k.event(cm, corev1.EventTypeNormal, hooksv1alpha1.ReasonArchiveBehindConfirmed,
-			"the watermark was removed: the archive is taken as it is now, and the watermark starts again")
+		k.clear(cm, "the watermark was removed: the archive is taken as it is now, and the watermark starts again")
 		return nil
 	}
 	if k.Archive.Behind() != "" && !m.IsZero() {
@@ -119,12 +114,7 @@ func (k *Keeper) Check(ctx context.Context) error {
 				return err
 			}
 			if held {
-				k.Archive.SetBehind("")
-				k.Archive.ResetReadBack()
-				k.reported, k.lost = "", archive.Mark{}
-				metrics.SetArchiveBehind(false)
-				k.event(cm, corev1.EventTypeNormal, hooksv1alpha1.ReasonArchiveBehindConfirmed,
-					"the watermark was confirmed and written again by another replica, and the archive holds it")
+				k.clear(cm, "the watermark was confirmed and written again by another replica, and the archive holds it")
 				return nil
 			}
 		}
@@ -148,6 +138,16 @@ func (k *Keeper) Check(ctx context.Context) error {
 // pointed back at the newer primary, a person confirming), and the watermark cannot
 // cover it.
 var ErrBehind = errors.New("the archive is behind the cluster: records stay in the cluster until it holds the watermark again or a person confirms (docs/runbook.md, SettlementArchiveBehind)")
+
+// clear ends the behind state after a confirmation (why says which), and the
+// watermark starts again from the next row read back.
+func (k *Keeper) clear(cm *corev1.ConfigMap, why string) {
+	k.Archive.SetBehind("")
+	k.Archive.ResetReadBack()
+	k.reported, k.lost = "", archive.Mark{}
+	metrics.SetArchiveBehind(false)
+	k.event(cm, corev1.EventTypeNormal, hooksv1alpha1.ReasonArchiveBehindConfirmed, why)
+}
 
 // report makes the state visible once it is known (the first new connection may have
 // found it before Check ran).
