@@ -58,8 +58,7 @@ type Capable interface {
 }
 
 // CapabilitiesOf is what c's provider can answer for r, under any wrappers. An
-// adapter that declares nothing follows the HTTP contract: lookup by key, the spec's
-// window, a resend proves nothing by itself.
+// adapter that declares nothing follows the HTTP contract (ContractCapabilities).
 func CapabilitiesOf(c Client, r Request) Capabilities {
 	if c == nil {
 		return Capabilities{}
@@ -67,5 +66,10 @@ func CapabilitiesOf(c Client, r Request) Capabilities {
 	if d, ok := Unwrap(c).(Capable); ok {
 		return d.Capabilities(r)
 	}
-	return Capabilities{Lookup: LookupByKey}
+	return ContractCapabilities(r)
 }
+
+// ContractCapabilities is what a provider that follows the HTTP contract (docs/design.md
+// §6.1) can answer about any request: lookup by key, the BillingProvider's
+// spec.idempotencyWindow, and a resend that proves nothing by itself.
+func ContractCapabilities(Request) Capabilities { return Capabilities{Lookup: LookupByKey} }

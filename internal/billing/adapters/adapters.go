@@ -29,11 +29,19 @@ type Settings struct {
 // BillingProvider is a clear error when it is loaded, not a failed charge.
 type Factory func(Settings) (billing.Client, error)
 
+// adapter is one registry entry: how to build a provider type's client, and what its
+// provider can answer about a request (billing.Capabilities), known before a client is
+// built — the same declaration its client reports.
+type adapter struct {
+	build Factory
+	caps  func(billing.Request) billing.Capabilities
+}
+
 // registry holds every provider type the operator serves; the CRD's enum of
 // spec.type lists the same (a test keeps them in step).
-var registry = map[hooksv1alpha1.BillingProviderType]Factory{
-	hooksv1alpha1.BillingProviderHTTP:   newHTTP,
-	hooksv1alpha1.BillingProviderStripe: newStripe,
+var registry = map[hooksv1alpha1.BillingProviderType]adapter{
+	hooksv1alpha1.BillingProviderHTTP:   {build: newHTTP, caps: billing.ContractCapabilities},
+	hooksv1alpha1.BillingProviderStripe: {build: newStripe, caps: stripebilling.RequestCapabilities},
 }
 
 // New builds the adapter of s.Provider's type ("" is HTTP, the CRD's default).
@@ -42,11 +50,11 @@ func New(s Settings) (billing.Client, error) {
 	if t == "" {
 		t = hooksv1alpha1.BillingProviderHTTP
 	}
-	f, ok := registry[t]
+	a, ok := registry[t]
 	if !ok {
 		return nil, fmt.Errorf("billing provider type %q has no adapter in this operator (it serves %s)", t, strings.Join(Types(), ", "))
 	}
-	return f(s)
+	return a.build(s)
 }
 
 // Types lists the provider types with an adapter, sorted.
@@ -79,12 +87,17 @@ func newStripe(s Settings) (billing.Client, error) {
 }
 
 // Capabilities is what the provider of bp's type can answer about r (docs/design.md
-// §14), without building a client: as the adapter declares it.
+// §14), without building a client: as its registry entry declares it. A type with no
+// adapter is taken to follow the HTTP contract (asked by key first).
 func Capabilities(bp *hooksv1alpha1.BillingProvider, r billing.Request) billing.Capabilities {
-	if bp.Spec.Type == hooksv1alpha1.BillingProviderStripe {
-		return stripebilling.RequestCapabilities(r)
+	t := bp.Spec.Type
+	if t == "" {
+		t = hooksv1alpha1.BillingProviderHTTP
 	}
-	return billing.Capabilities{Lookup: billing.LookupByKey}
+	if a, ok := registry[t]; ok {
+		return a.caps(r)
+	}
+	return billing.ContractCapabilities(r)
 }
 
 // Mode is the key mode an adapter reports (a Stripe key's "test" or "live"), or "".

@@ -94,3 +94,31 @@ func TestRegistryMatchesTheCRDEnum(t *testing.T) {
 		t.Fatalf("CRD spec.type enum %v, adapters %v", enum, Types())
 	}
 }
+
+// TestCapabilitiesBeforeAClientAreTheClients: what the registry says a provider type
+// can answer, before a client exists (a settlement's first exposure), is what the
+// built client reports (every decision after), for each kind of request.
+func TestCapabilitiesBeforeAClientAreTheClients(t *testing.T) {
+	requests := []billing.Request{
+		{Type: billing.TypeCharge, Usage: &billing.Usage{Meter: "tokens", Quantity: "1"}},
+		{Type: billing.TypeCharge, Amount: &billing.Amount{Minor: 100, Currency: "USD"}},
+		{Type: billing.TypeRefund, Amount: &billing.Amount{Minor: 100, Currency: "USD"}, Reverses: "k", ReversesRef: "ii_1"},
+		{Type: billing.TypeVoid, Reverses: "k", ReversesRef: "meter_event:stl_1"},
+		{Type: billing.TypeVoid, Reverses: "k", ReversesRef: "ii_1"},
+	}
+	for _, s := range []Settings{
+		{Provider: &hooksv1alpha1.BillingProvider{Spec: hooksv1alpha1.BillingProviderSpec{Endpoint: "https://billing.example.com/v1"}}, Token: "t"},
+		{Provider: &hooksv1alpha1.BillingProvider{Spec: hooksv1alpha1.BillingProviderSpec{Type: hooksv1alpha1.BillingProviderStripe,
+			Endpoint: "https://api.stripe.com"}}, Token: "sk_test_x"},
+	} {
+		c, err := New(s)
+		if err != nil {
+			t.Fatalf("type %q: %v", s.Provider.Spec.Type, err)
+		}
+		for _, r := range requests {
+			if before, after := Capabilities(s.Provider, r), billing.CapabilitiesOf(c, r); before != after {
+				t.Errorf("type %q, %s of %s: before a client %+v, the client %+v", s.Provider.Spec.Type, r.Type, r.ReversesRef, before, after)
+			}
+		}
+	}
+}
