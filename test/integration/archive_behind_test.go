@@ -52,16 +52,7 @@ var _ = Describe("an archive behind the cluster (docs/design.md §12)", Ordered,
 		mgr.stop()
 		mgr = startWithWatermark(store, opNS, cmName)
 	})
-	AfterAll(func() {
-		mgr.stop()
-		mgr = startManager()
-		if store != nil {
-			store.Close()
-		}
-		if pg != nil {
-			pg.Close()
-		}
-	})
+	AfterAll(func() { backToTheManagerWithoutArchive(store, pg) })
 
 	stlName := func(jobID string) string {
 		return identity.SettlementName("inference", identity.DefaultSettlementKey("inference", jobID))

@@ -26,6 +26,19 @@ import (
 // The archive specs run the whole operator with the archive on — a real PostgreSQL
 // started from the machine's binaries — and records archived one second after they
 // finish, against the same API server and fake billing provider as the other specs.
+// backToTheManagerWithoutArchive ends an archive suite: the suite's manager gives way to
+// the default one (no archive), and the suite's archive and PostgreSQL server stop.
+func backToTheManagerWithoutArchive(store *archive.Store, pg *pgtest.Server) {
+	mgr.stop()
+	mgr = startManager()
+	if store != nil {
+		store.Close()
+	}
+	if pg != nil {
+		pg.Close()
+	}
+}
+
 var _ = Describe("the archive (docs/design.md §12)", Ordered, func() {
 	var (
 		pg    *pgtest.Server
@@ -42,16 +55,7 @@ var _ = Describe("the archive (docs/design.md §12)", Ordered, func() {
 		mgr.stop()
 		mgr = startManager(managerOptions{store: store, archiveAfter: time.Second})
 	})
-	AfterAll(func() {
-		mgr.stop()
-		mgr = startManager()
-		if store != nil {
-			store.Close()
-		}
-		if pg != nil {
-			pg.Close()
-		}
-	})
+	AfterAll(func() { backToTheManagerWithoutArchive(store, pg) })
 
 	jobName := func(jobID string) string { return identity.JobCompletionName("inference", jobID) }
 	stlName := func(jobID string) string {
