@@ -463,8 +463,8 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	}
 	defer release()
 
-	// 7. The replica's slot, taken last: it bounds the API calls this replica runs at
-	// once, and only verified deliveries within their tenant's share reach it.
+	// Then the replica's slot, taken last: it bounds the API calls this replica runs
+	// at once, and only verified deliveries within their tenant's share reach it.
 	releaseGlobal, ok := acquireGlobal(ctx, r.slots, r.opts.AdmissionWait)
 	if !ok {
 		return r.busy(LimitGlobal)
