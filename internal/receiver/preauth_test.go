@@ -1,7 +1,10 @@
 package receiver
 
 import (
+	"io"
+	"net"
 	"net/http"
+	"syscall"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -71,5 +74,50 @@ var _ = Describe("before authentication: one client's slow bodies never refuse a
 		}
 		Expect(time.Since(start)).To(BeNumerically(">=", bodyTimeout), "the admitted ones were held until the deadline")
 		Expect(listEvents(ns)).To(HaveLen(1))
+	})
+
+	It("answers within the shortest sender timeout (5s) even when the API server does not answer", func() {
+		ns := newNamespace()
+		install(inferenceProvider(ns), map[string]string{"current": swhSecret})
+		// Default deadlines: the budget is the defaults' promise.
+		_, addr := startReceiver(Options{}, k8s, k8s)
+		deliver := func(id string) sender.Response {
+			GinkgoHelper()
+			resp, err := sender.Send(ctx, nil, sender.Delivery{URL: "http://" + addr + EndpointPath(ns, "inference"),
+				Signature: swh, Secret: []byte(swhSecret), ID: id, Body: []byte(completedV2)})
+			Expect(err).NotTo(HaveOccurred())
+			return resp
+		}
+		// The signing Secret is cached, so the frozen API server is met at the create.
+		Expect(deliver("msg_budget_warm").Status).To(Equal(http.StatusOK))
+		Expect(signalAPIServer(syscall.SIGSTOP)).To(Succeed())
+		stopped := true
+		defer func() {
+			if stopped {
+				_ = signalAPIServer(syscall.SIGCONT)
+			}
+		}()
+		start := time.Now()
+		resp := deliver("msg_budget")
+		took := time.Since(start)
+		Expect(signalAPIServer(syscall.SIGCONT)).To(Succeed())
+		stopped = false
+		Expect(resp.Status).To(Equal(http.StatusServiceUnavailable), resp.Body)
+		Expect(took).To(BeNumerically("<", 5*time.Second), "EventBridge would have given up and retried already")
+	})
+
+	It("cuts a client that trickles its headers at 2s, holding nothing", func() {
+		_, addr := startReceiver(Options{}, k8s, k8s)
+		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
+		c, err := d.Dial("tcp", addr)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(c.Close)
+		start := time.Now()
+		_, err = c.Write([]byte("POST /webhooks/a/b HTTP/1.1\r\nHost: receiver\r\nContent-Type: app"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(c.SetReadDeadline(time.Now().Add(10 * time.Second))).To(Succeed())
+		_, err = io.Copy(io.Discard, c)
+		Expect(err).NotTo(HaveOccurred(), "the server closed the connection (not our read deadline)")
+		Expect(time.Since(start)).To(And(BeNumerically(">=", 1500*time.Millisecond), BeNumerically("<", 3500*time.Millisecond)))
 	})
 })
