@@ -100,16 +100,34 @@ func main() {
 		"Settlements worked on at once: each waits on the billing provider (and on the API server around the call), not on this process's CPU.")
 	flag.StringVar(&recvOpts.BindAddress, "receiver-bind-address", ":8090",
 		"Address the webhook receiver binds to (every replica receives).")
+	flag.IntVar(&recvOpts.MaxUnauthenticatedPerAddress, "receiver-max-unauthenticated-per-address", receiver.DefaultMaxUnauthenticatedPerAddress,
+		"Deliveries from one source address whose body is being read or signature checked, per replica; more are answered 429 "+
+			"(too_many_requests_address). Nothing shared is held before the signature is verified.")
+	flag.Func("receiver-trusted-proxies",
+		"Comma-separated CIDRs (or IPs) of proxies whose X-Forwarded-For names the source address: the right-most hop that is not one of them. "+
+			"Empty (default): the TCP peer is the source and the header is ignored. Behind an ingress, list the ingress's addresses.",
+		func(v string) error {
+			p, err := receiver.ParseTrustedProxies(v)
+			if err != nil {
+				return err
+			}
+			recvOpts.TrustedProxies = p
+			return nil
+		})
 	flag.IntVar(&recvOpts.MaxInFlight, "receiver-max-in-flight", 64,
-		"Deliveries verifying their signature or being stored at once, per replica (a slow body holds none); more are answered 429 with Retry-After.")
+		"Verified deliveries being stored at once, per replica (a body still arriving holds none); more are answered 429 with Retry-After.")
 	flag.IntVar(&recvOpts.MaxInFlightPerNamespace, "receiver-max-in-flight-per-namespace", 32,
-		"Deliveries in flight for one namespace (one tenant), body read included; more are answered 429, so one tenant cannot take every slot.")
+		"Verified deliveries in flight for one namespace (one tenant); more are answered 429, so one tenant cannot take every slot.")
 	flag.IntVar(&recvOpts.MaxInFlightPerProvider, "receiver-max-in-flight-per-provider", 16,
-		"Deliveries in flight for one WebhookProvider, body read included; more are answered 429 at that provider only.")
+		"Verified deliveries in flight for one WebhookProvider; more are answered 429 at that provider only.")
 	flag.DurationVar(&recvOpts.AdmissionWait, "receiver-admission-wait", time.Second,
-		"How long a delivery waits for a free in-flight slot before it is answered 429; smooths a sender's bursts.")
-	flag.DurationVar(&recvOpts.BodyReadTimeout, "receiver-body-read-timeout", 10*time.Second,
-		"A delivery's request, body included, must arrive within this; a slower one is answered 408 and its connection closed.")
+		"How long a delivery waits for a free slot before it is answered 429; smooths a sender's bursts.")
+	flag.DurationVar(&recvOpts.BodyReadTimeout, "receiver-body-read-timeout", 3*time.Second,
+		"A delivery's request, body included, must arrive within this of its headers (the wait for its address's slot included); "+
+			"a slower one is answered 408 and its connection closed. At most --receiver-request-timeout.")
+	flag.DurationVar(&recvOpts.RequestTimeout, "receiver-request-timeout", 4*time.Second,
+		"Bound from a delivery's headers to its answer, every wait and API call included; keep it under the shortest sender timeout "+
+			"(EventBridge: 5s). Past it the delivery is answered 503 and retried.")
 	flag.Int64Var(&recvOpts.MaxBodyBytes, "receiver-max-body-bytes", 1<<20, "Largest accepted delivery body; larger ones get 413.")
 	flag.DurationVar(&recvOpts.APITimeout, "receiver-api-timeout", 10*time.Second,
 		"Bound on each API-server call of a delivery; past it the delivery is answered 503.")
@@ -158,8 +176,15 @@ func main() {
 		os.Exit(2)
 	}
 	if recvOpts.MaxInFlight < 1 || recvOpts.MaxInFlightPerNamespace < 1 || recvOpts.MaxInFlightPerProvider < 1 ||
-		recvOpts.BodyReadTimeout <= 0 || recvOpts.AdmissionWait <= 0 {
-		log.Error(errors.New("--receiver-max-in-flight, --receiver-max-in-flight-per-namespace, --receiver-max-in-flight-per-provider, --receiver-body-read-timeout and --receiver-admission-wait must be positive"), "invalid flags")
+		recvOpts.MaxUnauthenticatedPerAddress < 1 ||
+		recvOpts.BodyReadTimeout <= 0 || recvOpts.AdmissionWait <= 0 || recvOpts.RequestTimeout <= 0 {
+		log.Error(errors.New("--receiver-max-in-flight, --receiver-max-in-flight-per-namespace, --receiver-max-in-flight-per-provider, "+
+			"--receiver-max-unauthenticated-per-address, --receiver-body-read-timeout, --receiver-request-timeout and --receiver-admission-wait must be positive"), "invalid flags")
+		os.Exit(2)
+	}
+	if recvOpts.BodyReadTimeout > recvOpts.RequestTimeout {
+		log.Error(fmt.Errorf("--receiver-body-read-timeout %s is longer than --receiver-request-timeout %s", recvOpts.BodyReadTimeout, recvOpts.RequestTimeout),
+			"invalid flags: the body must be in before the request's deadline")
 		os.Exit(2)
 	}
 	if archiveAfter <= 0 {

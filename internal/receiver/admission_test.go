@@ -65,6 +65,64 @@ func (n *apiCounts) client() client.WithWatch {
 	})
 }
 
+// holdingClient is a real client whose WebhookEvent creates wait, for the event IDs
+// hold was called with, until their release (or the request's end): a verified
+// delivery then holds its tenant's and the replica's slots as long as a test needs.
+type holdingClient struct {
+	client.WithWatch
+	mu      sync.Mutex
+	gates   map[string]chan struct{}
+	entered chan string
+}
+
+func newHoldingClient() *holdingClient {
+	GinkgoHelper()
+	direct, err := client.NewWithWatch(cfg, client.Options{Scheme: env.Scheme})
+	Expect(err).NotTo(HaveOccurred())
+	h := &holdingClient{gates: map[string]chan struct{}{}, entered: make(chan string, 256)}
+	h.WithWatch = interceptor.NewClient(direct, interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if ev, ok := obj.(*hooksv1alpha1.WebhookEvent); ok {
+				h.mu.Lock()
+				gate := h.gates[ev.Spec.EventID]
+				h.mu.Unlock()
+				if gate != nil {
+					h.entered <- ev.Spec.EventID
+					select {
+					case <-gate:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+	})
+	return h
+}
+
+// hold makes the create of eventID wait until the returned release is called.
+func (h *holdingClient) hold(eventID string) (release func()) {
+	gate := make(chan struct{})
+	h.mu.Lock()
+	h.gates[eventID] = gate
+	h.mu.Unlock()
+	var once sync.Once
+	return func() { once.Do(func() { close(gate) }) }
+}
+
+// sendAsync sends a signed delivery in the background; its answer arrives on the channel.
+func sendAsync(d sender.Delivery) <-chan sender.Response {
+	out := make(chan sender.Response, 1)
+	go func() {
+		defer GinkgoRecover()
+		resp, err := sender.Send(ctx, nil, d)
+		Expect(err).NotTo(HaveOccurred())
+		out <- resp
+	}()
+	return out
+}
+
 // startReceiver runs a receiver of its own on a real TCP port, so its limits and
 // counters are not shared with other specs, and returns its address.
 func startReceiver(opts Options, writer client.Writer, live client.Reader) (*Receiver, string) {
@@ -96,7 +154,15 @@ type slowConn struct {
 
 func openSlow(addr, path string, dribble bool) *slowConn {
 	GinkgoHelper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	return openSlowFrom("127.0.0.1", addr, path, dribble)
+}
+
+// openSlowFrom is openSlow from the source address src: on Linux all of 127.0.0.0/8 is
+// loopback, so one test machine is several clients.
+func openSlowFrom(src, addr, path string, dribble bool) *slowConn {
+	GinkgoHelper()
+	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	c, err := d.Dial("tcp", addr)
 	Expect(err).NotTo(HaveOccurred())
 	s := &slowConn{conn: c, closed: make(chan struct{})}
 	_, err = fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: receiver\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n{\"type\":", path)
@@ -151,7 +217,7 @@ func (s *slowConn) answer() string {
 }
 
 var _ = Describe("admission: no one can starve the receiver", func() {
-	It("keeps serving other providers and tenants while 64+ slow connections flood one provider and an unknown one", func() {
+	It("keeps serving every provider, the flooded one included, while 80 slow connections from 16 addresses flood one provider and an unknown one", func() {
 		ns1, ns2 := newNamespace(), newNamespace()
 		flooded := inferenceProvider(ns1)
 		flooded.Name, flooded.Spec.Signature.SecretRef.Name = "flooded", "flooded-secret"
@@ -165,19 +231,28 @@ var _ = Describe("admission: no one can starve the receiver", func() {
 
 		const (
 			bodyTimeout = 8 * time.Second
-			perProvider = 16 // the documented default of --receiver-max-in-flight-per-provider
-			n           = 80 // more than --receiver-max-in-flight (64)
+			perAddress  = DefaultMaxUnauthenticatedPerAddress
+			addresses   = 16
+			n           = addresses * (perAddress + 1) // 80: more than --receiver-max-in-flight (64)
 		)
-		// Default limits: the test shows the defaults protect other tenants.
-		r, addr := startReceiver(Options{BodyReadTimeout: bodyTimeout}, k8s, k8s)
+		// Default limits: the test shows the defaults protect every sender. The body
+		// deadline is long enough that the flood is still held when the signed
+		// deliveries arrive on a loaded machine.
+		_, addr := startReceiver(Options{BodyReadTimeout: bodyTimeout, RequestTimeout: bodyTimeout}, k8s, k8s)
 		base := "http://" + addr
 
 		var conns []*slowConn
 		start := time.Now()
 		for i := range n {
-			conns = append(conns, openSlow(addr, EndpointPath(ns1, "flooded"), i%2 == 0))
-			conns = append(conns, openSlow(addr, EndpointPath(ns1, "nobody"), i%2 == 1))
+			src := fmt.Sprintf("127.0.0.%d", 10+i%addresses)
+			conns = append(conns, openSlowFrom(src, addr, EndpointPath(ns1, "flooded"), i%2 == 0))
+			conns = append(conns, openSlowFrom(src, addr, EndpointPath(ns1, "nobody"), i%2 == 1))
 		}
+		DeferCleanup(func() {
+			for _, c := range conns {
+				_ = c.conn.Close()
+			}
+		})
 		answered := func() int {
 			k := 0
 			for _, c := range conns {
@@ -187,8 +262,9 @@ var _ = Describe("admission: no one can starve the receiver", func() {
 			}
 			return k
 		}
-		// The receiver has taken in the flood (whatever it holds, it answered some).
-		Eventually(answered).WithTimeout(bodyTimeout / 2).Should(BeNumerically(">=", n))
+		// The receiver has taken in the flood: everything but what each address may
+		// hold was answered (404 at once, 429 after the admission wait).
+		Eventually(answered).WithTimeout(bodyTimeout / 2).Should(Equal(2*n - addresses*perAddress))
 
 		signed := func(ns, provider, id string) sender.Response {
 			GinkgoHelper()
@@ -197,51 +273,42 @@ var _ = Describe("admission: no one can starve the receiver", func() {
 			Expect(err).NotTo(HaveOccurred())
 			return resp
 		}
-		// Another provider of the same tenant, and another tenant, are served...
-		q := signed(ns1, "quiet", "msg_quiet")
-		Expect(q.Status).To(Equal(http.StatusOK), q.Body)
-		o := signed(ns2, "other", "msg_other")
-		Expect(o.Status).To(Equal(http.StatusOK), o.Body)
-
-		// ...while the flood holds exactly the flooded provider's slots (everything else
-		// was answered, past the admission wait), and the flooded provider itself is told
-		// it is at its limit.
-		Eventually(answered).WithTimeout(bodyTimeout / 2).Should(Equal(2*n - perProvider))
-		busy := signed(ns1, "flooded", "msg_flooded")
-		Expect(busy.Status).To(Equal(http.StatusTooManyRequests), busy.Body)
-		Expect(busy.RetryAfter).To(Equal("1"))
-		Expect(decode(busy.Body)).To(HaveKeyWithValue("error", OutcomeBusyProvider), busy.Body)
+		// Another provider of the same tenant, another tenant, and the flooded provider
+		// itself are served: an unauthenticated body holds no shared slot.
+		for _, d := range [][3]string{{ns1, "quiet", "msg_quiet"}, {ns2, "other", "msg_other"}, {ns1, "flooded", "msg_flooded"}} {
+			resp := signed(d[0], d[1], d[2])
+			Expect(resp.Status).To(Equal(http.StatusOK), resp.Body)
+		}
 		Expect(time.Since(start)).To(BeNumerically("<", bodyTimeout), "all of this happened while the flood was held")
 
-		// Every slow connection is cut off: the admitted ones by the body read deadline
-		// (408 and close), the rest without reading their bodies (429 for the flooded
-		// provider past its limit after the admission wait, 404 at once for the unknown
-		// one, each closing the connection).
+		// Every slow connection is cut off: each address's admitted ones by the body
+		// read deadline (408 and close), its extra one without reading its body (429
+		// naming the address limit, after the admission wait), the unknown provider's
+		// at once (404), each closing the connection.
 		counts := map[int]int{}
 		for _, c := range conns {
 			Eventually(c.closed).WithTimeout(bodyTimeout+10*time.Second).Should(BeClosed(), c.answer())
 			counts[c.status()]++
 		}
-		Expect(r.opts.MaxInFlightPerProvider).To(Equal(perProvider))
 		Expect(counts).To(Equal(map[int]int{
-			http.StatusRequestTimeout:  perProvider,
-			http.StatusTooManyRequests: n - perProvider,
+			http.StatusRequestTimeout:  addresses * perAddress,
+			http.StatusTooManyRequests: addresses,
 			http.StatusNotFound:        n,
 		}))
 		for _, c := range conns {
-			if c.status() == http.StatusRequestTimeout {
+			switch c.status() {
+			case http.StatusRequestTimeout:
 				Expect(c.answer()).To(ContainSubstring(`"error":"` + OutcomeBodyTimeout + `"`))
+			case http.StatusTooManyRequests:
+				Expect(c.answer()).To(ContainSubstring(`"error":"` + OutcomeBusyAddress + `"`))
 			}
 		}
 		Expect(time.Since(start)).To(BeNumerically(">=", bodyTimeout), "the admitted ones were held until the deadline")
-		for _, c := range conns {
-			_ = c.conn.Close()
-		}
 		// Nothing of the flood was stored.
-		Expect(listEvents(ns1)).To(HaveLen(1))
+		Expect(listEvents(ns1)).To(HaveLen(2))
 	})
 
-	It("answers 429 naming the namespace limit when a tenant's providers together reach it", func() {
+	It("answers 429 naming the provider and then the namespace limit when a tenant's verified deliveries fill them", func() {
 		ns := newNamespace()
 		var names []string
 		for i := range 3 {
@@ -250,28 +317,42 @@ var _ = Describe("admission: no one can starve the receiver", func() {
 			install(p, map[string]string{"current": swhSecret})
 			names = append(names, p.Name)
 		}
-		_, addr := startReceiver(Options{MaxInFlightPerProvider: 2, MaxInFlightPerNamespace: 3, BodyReadTimeout: 3 * time.Second}, k8s, k8s)
-		var conns []*slowConn
-		for _, name := range names[:2] {
-			for range 2 {
-				conns = append(conns, openSlow(addr, EndpointPath(ns, name), false))
-			}
+		holding := newHoldingClient()
+		_, addr := startReceiver(Options{MaxInFlightPerProvider: 2, MaxInFlightPerNamespace: 3,
+			RequestTimeout: 20 * time.Second, BodyReadTimeout: 5 * time.Second}, holding, holding)
+		delivery := func(provider, id string) sender.Delivery {
+			return sender.Delivery{URL: "http://" + addr + EndpointPath(ns, provider), Signature: swh,
+				Secret: []byte(swhSecret), ID: id, Body: []byte(completedV2)}
+		}
+		// Three verified deliveries wait in their create: two of p0, one of p1.
+		var held []<-chan sender.Response
+		var releases []func()
+		for _, d := range [][2]string{{names[0], "msg_p0_a"}, {names[0], "msg_p0_b"}, {names[1], "msg_p1_a"}} {
+			releases = append(releases, holding.hold(d[1]))
+			held = append(held, sendAsync(delivery(d[0], d[1])))
+			Eventually(holding.entered).WithTimeout(10 * time.Second).Should(Receive(Equal(d[1])))
 		}
 		DeferCleanup(func() {
-			for _, c := range conns {
-				_ = c.conn.Close()
+			for _, release := range releases {
+				release()
 			}
 		})
-		var resp sender.Response
-		Eventually(func() int {
-			var err error
-			resp, err = sender.Send(ctx, nil, sender.Delivery{URL: "http://" + addr + EndpointPath(ns, names[2]), Signature: swh,
-				Secret: []byte(swhSecret), ID: "msg_ns", Body: []byte(completedV2)})
-			Expect(err).NotTo(HaveOccurred())
-			return resp.Status
-		}).WithTimeout(5 * time.Second).Should(Equal(http.StatusTooManyRequests))
-		Expect(decode(resp.Body)).To(HaveKeyWithValue("error", OutcomeBusyNamespace))
-		Expect(resp.RetryAfter).NotTo(BeEmpty())
+
+		busy := <-sendAsync(delivery(names[0], "msg_p0_c"))
+		Expect(busy.Status).To(Equal(http.StatusTooManyRequests), busy.Body)
+		Expect(decode(busy.Body)).To(HaveKeyWithValue("error", OutcomeBusyProvider))
+		Expect(busy.RetryAfter).To(Equal("1"))
+		busy = <-sendAsync(delivery(names[2], "msg_p2"))
+		Expect(busy.Status).To(Equal(http.StatusTooManyRequests), busy.Body)
+		Expect(decode(busy.Body)).To(HaveKeyWithValue("error", OutcomeBusyNamespace))
+		Expect(busy.RetryAfter).To(Equal("1"))
+
+		// Released, the held ones are stored and answered.
+		for i, release := range releases {
+			release()
+			resp := <-held[i]
+			Expect(resp.Status).To(Equal(http.StatusOK), resp.Body)
+		}
 	})
 
 	It("makes no API write and no archive call for a bad signature, and reads the signing Secret at most once per refresh interval", func() {
@@ -288,7 +369,8 @@ var _ = Describe("admission: no one can starve the receiver", func() {
 		c := counts.client()
 		arch := &countingArchive{}
 		// Limits high enough for 50 at once: this spec is about what a forged delivery costs.
-		_, addr := startReceiver(Options{Archive: arch, MaxInFlightPerProvider: 64, MaxInFlightPerNamespace: 64}, c, c)
+		_, addr := startReceiver(Options{Archive: arch, MaxInFlightPerProvider: 64, MaxInFlightPerNamespace: 64,
+			MaxUnauthenticatedPerAddress: 64}, c, c)
 		forged := func(provider, id string) sender.Response {
 			resp, err := sender.Send(ctx, nil, sender.Delivery{URL: "http://" + addr + EndpointPath(ns, provider), Signature: swh,
 				Secret: []byte("whsec_" + "Zm9yZ2VkLWtleS1mb3ItdGhlLXRlc3Q="), ID: id, Body: []byte(completedV2)})

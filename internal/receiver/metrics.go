@@ -23,6 +23,9 @@ const (
 	OutcomeBusyGlobal    = "too_many_requests_global"
 	OutcomeBusyNamespace = "too_many_requests_namespace"
 	OutcomeBusyProvider  = "too_many_requests_provider"
+	// OutcomeBusyAddress: the source address's slots for unauthenticated deliveries
+	// were busy (docs/design.md §15); the address is in no label.
+	OutcomeBusyAddress = "too_many_requests_address"
 	// OutcomeBodyTimeout: the body did not arrive within BodyReadTimeout (408).
 	OutcomeBodyTimeout      = "body_read_timeout"
 	OutcomeUnavailable      = "unavailable"
@@ -46,12 +49,12 @@ var (
 
 	inFlight = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "settlement_receiver_in_flight_requests",
-		Help: "Webhook deliveries admitted and not answered yet (body read included).",
+		Help: "Webhook deliveries admitted (past their source address's limit) and not answered yet, body read included.",
 	})
 
 	throttled = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_receiver_throttled_total",
-		Help: "Deliveries answered 429, by the limit that was hit: provider, namespace or global.",
+		Help: "Deliveries answered 429, by the limit that was hit: address (the source address's unauthenticated deliveries; the address is not a label), provider, namespace or global.",
 	}, []string{"limit"})
 
 	archiveLookups = prometheus.NewCounterVec(prometheus.CounterOpts{

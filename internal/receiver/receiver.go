@@ -13,6 +13,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -50,32 +51,48 @@ type Options struct {
 	BindAddress string
 	// MaxBodyBytes caps a delivery's body (1 MiB); larger ones get 413.
 	MaxBodyBytes int64
-	// MaxInFlight bounds the deliveries of this replica that are verifying their
-	// signature or talking to the API server (64); more get 429, protecting the API
-	// server from a burst the receiver could only turn into timeouts. A delivery takes
-	// this slot only once its body is in, so a slow body never holds one.
+	// MaxUnauthenticatedPerAddress bounds one source address's deliveries that are
+	// not authenticated yet: body being read, signature being checked (4; docs/design.md
+	// §15). More get 429 too_many_requests_address. No shared slot is taken before the
+	// signature is verified, so one client's slow or forged deliveries never turn
+	// another's into 429s.
+	MaxUnauthenticatedPerAddress int
+	// TrustedProxies are the proxies whose X-Forwarded-For names the source address
+	// (none): the right-most hop that is not one of them is the client. Without them,
+	// or from any other peer, the source is the TCP peer and the header is ignored.
+	TrustedProxies []netip.Prefix
+	// MaxInFlight bounds the verified deliveries of this replica that are talking to
+	// the API server (64); more get 429, protecting the API server from a burst the
+	// receiver could only turn into timeouts.
 	MaxInFlight int
-	// MaxInFlightPerNamespace bounds one namespace's (one tenant's) deliveries in
-	// flight, body read included (32), so one tenant never holds every slot.
+	// MaxInFlightPerNamespace bounds one namespace's (one tenant's) verified
+	// deliveries in flight (32), so one tenant never holds every slot.
 	MaxInFlightPerNamespace int
-	// MaxInFlightPerProvider bounds one provider's deliveries in flight, body read
-	// included (16): a flood at one provider is answered 429 at that provider.
+	// MaxInFlightPerProvider bounds one provider's verified deliveries in flight (16):
+	// a flood at one provider is answered 429 at that provider.
 	MaxInFlightPerProvider int
-	// AdmissionWait is how long a delivery waits for a free slot (any of the three
+	// AdmissionWait is how long a delivery waits for a free slot (any of the four
 	// limits) before it is answered 429 (1s): a sender's burst is smoothed rather than
 	// refused. A waiting delivery holds no slot.
 	AdmissionWait time.Duration
 	// BodyReadTimeout bounds the time from the request's start to the end of its body
-	// (10s); a slower body is answered 408 and its connection closed. It is set on the
-	// connection per request, on top of the server's ReadTimeout.
+	// (3s), the wait for the address's slot included; a slower body is answered 408
+	// and its connection closed. It is set on the connection per request, on top of
+	// the server's ReadTimeout, and never past RequestTimeout.
 	BodyReadTimeout time.Duration
+	// RequestTimeout bounds the time from the request's start (its headers in) to its
+	// answer (4s): every wait, the Secret read and the API calls share it, so a sender
+	// is answered well within the shortest sender timeout in use (EventBridge's 5s);
+	// past it the answer is 503 (or 429 while waiting for a slot) and the sender retries.
+	RequestTimeout time.Duration
 	// APITimeout bounds each API-server call of a delivery (10s); past it the answer
 	// is 503 and the sender retries.
 	APITimeout time.Duration
 	// RetryAfter is the Retry-After given with 503 (5s) and 429 (1s).
 	RetryAfter, BusyRetryAfter time.Duration
-	// ReadHeaderTimeout (5s), ReadTimeout (30s), WriteTimeout (30s), IdleTimeout (2m)
-	// cut off slow or idle clients.
+	// ReadHeaderTimeout (2s), ReadTimeout (30s), WriteTimeout (30s), IdleTimeout (2m)
+	// cut off slow or idle clients. A sender writes its headers at once; a client
+	// that trickles them holds a connection and goroutine, nothing else, for 2s.
 	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 	// ShutdownTimeout bounds the wait for in-flight deliveries at shutdown (25s).
 	ShutdownTimeout time.Duration
@@ -98,6 +115,12 @@ type Options struct {
 	// are written to its status.lastRejection (10s; rejections.go).
 	RejectionFlushInterval time.Duration
 }
+
+// DefaultMaxUnauthenticatedPerAddress is MaxUnauthenticatedPerAddress's default: a
+// sender's deliveries are unauthenticated for the milliseconds of their body read and
+// signature check, so 4 at once from one address serve a burst of hundreds per second,
+// while a client that stalls its bodies holds 4 connections, not a tenant's slots.
+const DefaultMaxUnauthenticatedPerAddress = 4
 
 // ArchivedReceipts finds archived event receipts (archive.Store).
 type ArchivedReceipts interface {
@@ -125,12 +148,16 @@ func (o *Options) defaults() {
 	if o.MaxInFlightPerProvider == 0 {
 		o.MaxInFlightPerProvider = 16
 	}
-	def(&o.BodyReadTimeout, 10*time.Second)
+	if o.MaxUnauthenticatedPerAddress == 0 {
+		o.MaxUnauthenticatedPerAddress = DefaultMaxUnauthenticatedPerAddress
+	}
+	def(&o.BodyReadTimeout, 3*time.Second)
+	def(&o.RequestTimeout, 4*time.Second)
 	def(&o.AdmissionWait, time.Second)
 	def(&o.APITimeout, 10*time.Second)
 	def(&o.RetryAfter, 5*time.Second)
 	def(&o.BusyRetryAfter, time.Second)
-	def(&o.ReadHeaderTimeout, 5*time.Second)
+	def(&o.ReadHeaderTimeout, 2*time.Second)
 	def(&o.ReadTimeout, 30*time.Second)
 	def(&o.WriteTimeout, 30*time.Second)
 	def(&o.IdleTimeout, 2*time.Minute)
@@ -167,11 +194,13 @@ type Receiver struct {
 	// rejections aggregates refused deliveries until the next flush.
 	status     client.StatusClient
 	rejections *rejections
-	// tenants bounds each namespace's and provider's deliveries from admission to
-	// answer; slots bounds this replica's deliveries past their body read
-	// (decisions.md "Receiver admission").
-	tenants *tenantSlots
-	slots   chan struct{}
+	// addresses bounds each source address's deliveries until their signature is
+	// verified; tenants bounds each namespace's and provider's verified deliveries
+	// until their answer; slots bounds this replica's verified deliveries talking to
+	// the API server (decisions.md "Receiver admission").
+	addresses *addressSlots
+	tenants   *tenantSlots
+	slots     chan struct{}
 
 	mu         sync.Mutex
 	extractors map[types.UID]compiled
@@ -196,6 +225,7 @@ func New(opts Options, cache client.Reader, writer client.Writer, live client.Re
 		opts: opts, cache: cache, writer: writer, live: live, recorder: rec, status: status,
 		rejections: newRejections(opts.RejectionFlushInterval, opts.Now),
 		secrets:    newSecretCache(live, opts.SecretTTL, 5*time.Second, opts.APITimeout),
+		addresses:  &addressSlots{size: opts.MaxUnauthenticatedPerAddress},
 		tenants:    newTenantSlots(opts.MaxInFlightPerNamespace, opts.MaxInFlightPerProvider),
 		slots:      make(chan struct{}, opts.MaxInFlight),
 		extractors: map[types.UID]compiled{},
@@ -293,11 +323,17 @@ type delivery struct {
 func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 	start := time.Now()
 	// The whole request, body included, must be in within BodyReadTimeout of its
-	// start: a slow or stalled body is cut off however the sender paces it, and holds
-	// its tenant's slots no longer than that (the server's ReadTimeout stays as a
-	// backstop). A ResponseWriter without a connection (httptest) cannot take a
-	// deadline; the server's timeouts then apply alone.
-	_ = http.NewResponseController(w).SetReadDeadline(start.Add(r.opts.BodyReadTimeout))
+	// start (and never later than its RequestTimeout): a slow or stalled body is cut
+	// off however the sender paces it, and holds its address's slot no longer than
+	// that (the server's ReadTimeout stays as a backstop). A ResponseWriter without a
+	// connection (httptest) cannot take a deadline; the server's timeouts then apply
+	// alone.
+	_ = http.NewResponseController(w).SetReadDeadline(start.Add(min(r.opts.BodyReadTimeout, r.opts.RequestTimeout)))
+	// Everything after the headers, waits and API calls included, ends by RequestTimeout
+	// (docs/design.md §15: the time budget).
+	rctx, cancel := context.WithDeadline(req.Context(), start.Add(r.opts.RequestTimeout))
+	defer cancel()
+	req = req.WithContext(rctx)
 	ns, name := req.PathValue("namespace"), req.PathValue("provider")
 	d := delivery{namespace: outcomeLabelUnknownValue, provider: outcomeLabelUnknownValue}
 	a := r.handle(req, ns, name, &d)
@@ -378,14 +414,15 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 			message: "the provider's configuration is invalid; see its Ready condition", retryAfter: r.opts.RetryAfter}
 	}
 
-	// 3. Admission, per tenant: the provider's and its namespace's slots (waiting up to
-	// AdmissionWait for them), held until the answer. A flood or a stall at one provider uses up that provider's slots
-	// (and at most its namespace's), never another tenant's.
-	release, limit := r.tenants.enter(ctx, ns, ns+"/"+name, r.opts.AdmissionWait)
-	if limit != "" {
-		return r.busy(limit)
+	// 3. Admission, per source address (docs/design.md §15): one of the client's own
+	// slots, waited for up to AdmissionWait, held through the body read and the
+	// signature check and no longer. Nothing shared is held before the delivery is
+	// authenticated, so a client's slow or forged bodies cost only its own slots.
+	releaseAddress, ok := r.addresses.enter(ctx, r.sourceOf(req), r.opts.AdmissionWait)
+	if !ok {
+		return r.busy(LimitAddress)
 	}
-	defer release()
+	defer releaseAddress()
 	inFlight.Inc()
 	defer inFlight.Dec()
 
@@ -405,21 +442,34 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	}
 	d.bodyRead = true
 
-	// 5. The replica's slot, only now that the body is in: it bounds the signature
-	// checks and API calls this replica runs at once, and a slow body never holds one.
-	releaseGlobal, ok := acquireGlobal(ctx, r.slots, r.opts.AdmissionWait)
-	if !ok {
-		return r.busy(LimitGlobal)
-	}
-	defer releaseGlobal()
-
-	// 6. Signature, before any other API or archive call: the signing Secret's read is
-	// the only call an unsigned delivery can cause, and it is bounded (secrets.go).
+	// 5. Signature, before any other API or archive call and any shared slot: the
+	// signing Secret's read is the only call an unsigned delivery can cause, and it is
+	// bounded (secrets.go). Its cost is an HMAC over bytes already received.
 	verified, a, ok := r.verify(ctx, &provider, c.sig, req.Header, body)
 	if !ok {
 		return a
 	}
 	signatureSecretIndex.WithLabelValues(d.namespace, d.provider, strconv.Itoa(verified.SecretIndex)).Inc()
+	// Authenticated: the address's slot goes back now, so a sender's burst waiting
+	// below for its tenant's slots does not hold its own address's.
+	releaseAddress()
+
+	// 6. Admission, per tenant: the provider's and its namespace's slots (waiting up
+	// to AdmissionWait for them), held until the answer. A flood at one provider uses
+	// up that provider's slots (and at most its namespace's), never another tenant's.
+	release, limit := r.tenants.enter(ctx, ns, ns+"/"+name, r.opts.AdmissionWait)
+	if limit != "" {
+		return r.busy(limit)
+	}
+	defer release()
+
+	// Then the replica's slot, taken last: it bounds the API calls this replica runs
+	// at once, and only verified deliveries within their tenant's share reach it.
+	releaseGlobal, ok := acquireGlobal(ctx, r.slots, r.opts.AdmissionWait)
+	if !ok {
+		return r.busy(LimitGlobal)
+	}
+	defer releaseGlobal()
 
 	// 7. Parse, identify, route.
 	doc, err := payload.Decode(body)
@@ -521,6 +571,9 @@ func (r *Receiver) busy(limit string) answer {
 	case LimitProvider:
 		a.outcome = OutcomeBusyProvider
 		a.message = fmt.Sprintf("this provider's %d in-flight slots (--receiver-max-in-flight-per-provider) stayed busy for %s; retry later", r.opts.MaxInFlightPerProvider, r.opts.AdmissionWait)
+	case LimitAddress:
+		a.outcome = OutcomeBusyAddress
+		a.message = fmt.Sprintf("this source address's %d slots for deliveries not yet authenticated (--receiver-max-unauthenticated-per-address) stayed busy for %s; retry later", r.opts.MaxUnauthenticatedPerAddress, r.opts.AdmissionWait)
 	case LimitNamespace:
 		a.outcome = OutcomeBusyNamespace
 		a.message = fmt.Sprintf("this namespace's %d in-flight slots (--receiver-max-in-flight-per-namespace) stayed busy for %s; retry later", r.opts.MaxInFlightPerNamespace, r.opts.AdmissionWait)

@@ -644,11 +644,13 @@ var _ = Describe("load and lifecycle", func() {
 		done   chan error
 		target string
 	)
+	var holding *holdingClient
 	BeforeEach(func() {
 		ns = newNamespace()
 		install(inferenceProvider(ns), map[string]string{"current": swhSecret})
+		holding = newHoldingClient()
 		r = New(Options{BindAddress: "127.0.0.1:0", MaxInFlightPerProvider: 1, ShutdownTimeout: 10 * time.Second},
-			mgrCache, k8s, k8s, recv.recorder)
+			mgrCache, holding, holding, recv.recorder)
 		var rctx context.Context
 		rctx, stop = context.WithCancel(ctx)
 		done = make(chan error, 1)
@@ -660,7 +662,7 @@ var _ = Describe("load and lifecycle", func() {
 	AfterEach(func() { stop() })
 
 	// slowDelivery starts a signed delivery whose body is held back until release is
-	// called: it occupies its provider's in-flight slot the whole time.
+	// called: it is in flight (its address's slot, no shared one) the whole time.
 	slowDelivery := func(id string) (release func(), result chan *http.Response) {
 		h, err := signature.Sign(swh, []byte(swhSecret), id, time.Now(), []byte(completedV2))
 		Expect(err).NotTo(HaveOccurred())
@@ -681,15 +683,32 @@ var _ = Describe("load and lifecycle", func() {
 	}
 
 	It("answers 429 with Retry-After, naming the limit, above the provider's in-flight limit", func() {
-		release, result := slowDelivery("msg_slow")
-		Eventually(func() float64 { return testutil.ToFloat64(inFlight) }).Should(BeNumerically(">=", 1))
+		delivery := func(id string) sender.Delivery {
+			return sender.Delivery{URL: target, Signature: swh, Secret: []byte(swhSecret), ID: id, Body: []byte(completedV2)}
+		}
+		// A verified delivery waiting in its create holds the provider's one slot.
+		release := holding.hold("msg_slow")
+		DeferCleanup(release)
+		result := sendAsync(delivery("msg_slow"))
+		Eventually(holding.entered).WithTimeout(10 * time.Second).Should(Receive(Equal("msg_slow")))
 		before := testutil.ToFloat64(throttled.WithLabelValues(LimitProvider))
-		resp := plainPost(target, "application/json", completedV2)
-		Expect(resp.StatusCode).To(Equal(http.StatusTooManyRequests))
-		Expect(resp.Header.Get("Retry-After")).To(Equal("1"))
-		b, _ := io.ReadAll(resp.Body)
-		Expect(decode(string(b))).To(HaveKeyWithValue("error", OutcomeBusyProvider))
+		resp, err := sender.Send(ctx, nil, delivery("msg_next"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(resp.Status).To(Equal(http.StatusTooManyRequests))
+		Expect(resp.RetryAfter).To(Equal("1"))
+		Expect(decode(resp.Body)).To(HaveKeyWithValue("error", OutcomeBusyProvider))
 		Expect(testutil.ToFloat64(throttled.WithLabelValues(LimitProvider))).To(Equal(before + 1))
+		release()
+		Expect((<-result).Status).To(Equal(http.StatusOK))
+	})
+
+	It("holds no shared slot for a body still arriving: the provider's one slot serves another delivery meanwhile", func() {
+		release, result := slowDelivery("msg_body_pending")
+		Eventually(func() float64 { return testutil.ToFloat64(inFlight) }).Should(BeNumerically(">=", 1))
+		resp, err := sender.Send(ctx, nil, sender.Delivery{URL: target, Signature: swh, Secret: []byte(swhSecret),
+			ID: "msg_meanwhile", Body: []byte(completedV2)})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(resp.Status).To(Equal(http.StatusOK), resp.Body)
 		release()
 		Expect((<-result).StatusCode).To(Equal(http.StatusOK))
 	})
