@@ -395,8 +395,10 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 				CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "billing-api-token", Key: "token"},
 				RequestTimeout:       &metav1.Duration{Duration: 2 * time.Second}},
 		})).To(Succeed())
+		// A charge made by hand is created as the manager (the runbook's break-glass:
+		// nobody else creates a Charge).
 		sample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_billingsettlement.yaml")
-		kubectl(adminKC, "apply", "--server-side", "-n", ns, "-f", sample)
+		kubectl(managerKubeconfig(), "create", "-n", ns, "-f", sample)
 		stl := decodeAll(string(must(os.ReadFile(sample))))[0]
 		name, key := stl.GetName(), must(func() (string, error) {
 			k, _, err := unstructured.NestedString(stl.Object, "spec", "settlementKey")
@@ -484,7 +486,7 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 
 		// The same for a JobCompletion, the memory that a job was seen.
 		jcSample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_jobcompletion.yaml")
-		kubectl(adminKC, "apply", "--server-side", "-n", ns, "-f", jcSample)
+		kubectl(managerKubeconfig(), "create", "-n", ns, "-f", jcSample)
 		jc := decodeAll(string(must(os.ReadFile(jcSample))))[0].GetName()
 		refused(nsAdmin, whyFinalizer, "patch", "-n", ns, "jobcompletion", jc, "--type=merge",
 			"-p", `{"metadata":{"finalizers":["example.com/hold"]}}`)
@@ -499,23 +501,24 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		// And for a WebhookEvent, the receipt behind a 2xx: deleting it before dispatch,
 		// or writing its phase, would lose a charge the sender never redelivers.
 		evSample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_webhookevent.yaml")
-		kubectl(adminKC, "apply", "--server-side", "-n", ns, "-f", evSample)
+		kubectl(managerKubeconfig(), "create", "-n", ns, "-f", evSample)
 		ev := decodeAll(string(must(os.ReadFile(evSample))))[0].GetName()
 		refused(nsAdmin, whyDelete, "delete", "-n", ns, "webhookevent", ev)
 		refused(nsAdmin, whyStatus, "patch", "-n", ns, "webhookevent", ev, "--subresource=status", "--type=merge",
 			"-p", `{"status":{"phase":"Ignored"}}`)
 		refused(nsAdmin, whyFinalizer, "patch", "-n", ns, "webhookevent", ev, "--type=merge",
 			"-p", `{"metadata":{"finalizers":["example.com/hold"]}}`)
-		// Not even a cluster admin gives a record an owner: the garbage collector would
-		// delete it.
+		// Not even the operator (nor a cluster admin) gives a record an owner: the
+		// garbage collector would delete it.
 		other := decodeAll(string(must(os.ReadFile(jcSample))))[0]
 		other.SetName(jc + "-x")
 		other.SetNamespace(ns)
 		other.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "gone",
 			UID: "00000000-0000-0000-0000-000000000000"}})
-		err = k8s.Create(ctx, other)
-		Expect(err).To(HaveOccurred())
-		Expect(err.Error()).To(ContainSubstring(whyOwner))
+		owned := filepath.Join(workDir, "owned-jobcompletion.json")
+		Expect(os.WriteFile(owned, must(other.MarshalJSON()), 0o600)).To(Succeed())
+		refused(managerKubeconfig(), whyOwner, "create", "-f", owned)
+		refused(adminKC, whyOwner, "create", "-f", owned)
 
 		r.session.Terminate().Wait(45 * time.Second)
 		Expect(r.session).To(gexec.Exit(0))
@@ -533,7 +536,7 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 
 		stlSample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_billingsettlement.yaml")
 		jcSample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_jobcompletion.yaml")
-		kubectl(adminKC, "apply", "--server-side", "-n", ns, "-f", stlSample, "-f", jcSample)
+		kubectl(managerKubeconfig(), "create", "-n", ns, "-f", stlSample, "-f", jcSample)
 		stl := decodeAll(string(must(os.ReadFile(stlSample))))[0].GetName()
 		jc := decodeAll(string(must(os.ReadFile(jcSample))))[0].GetName()
 		// A hand-made settlement may have been sent in an earlier life: its finalizer
@@ -572,6 +575,99 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		}
 		r.session.Terminate().Wait(45 * time.Second)
 		Expect(r.session).To(gexec.Exit(0))
+	})
+
+	It("lets only the manager create records, and the compensators the install lists create a Refund or Void", func() {
+		const ns, compensator, group = "intake", "refunds@example.com", "finance-oncall"
+		intruder := "system:serviceaccount:" + ns + ":intruder"
+		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		Expect(k8s.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "intruder"}})).To(Succeed())
+		// RBAC grants all three create: what stands between them and a charge is the policy.
+		Expect(k8s.Create(ctx, &rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "record-creator"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{hooksv1alpha1.GroupVersion.Group},
+				Resources: []string{"webhookevents", "jobcompletions", "billingsettlements"}, Verbs: []string{"create", "get"}}},
+		})).To(Succeed())
+		Expect(k8s.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "record-creator"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "record-creator"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "intruder"},
+				{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: compensator},
+				{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: group}},
+		})).To(Succeed())
+		intruderKC := filepath.Join(workDir, "intruder.kubeconfig")
+		Expect(testenv.WriteKubeconfig(intruderKC, cfg, "intruder", intruder)).To(Succeed())
+		compensatorKC := filepath.Join(workDir, "compensator.kubeconfig")
+		Expect(testenv.WriteKubeconfig(compensatorKC, cfg, "compensator", compensator)).To(Succeed())
+		for _, kc := range []string{intruderKC, compensatorKC} {
+			for _, res := range []string{"webhookevents", "jobcompletions", "billingsettlements"} {
+				Expect(kubectl(kc, "auth", "can-i", "create", res, "-n", ns)).To(Equal("yes\n"), res)
+			}
+		}
+
+		samples := filepath.Join(testenv.RepoRoot(), "config", "samples")
+		event := filepath.Join(samples, "hooks_v1alpha1_webhookevent.yaml")
+		job := filepath.Join(samples, "hooks_v1alpha1_jobcompletion.yaml")
+		charge := filepath.Join(samples, "hooks_v1alpha1_billingsettlement.yaml")
+		refund := filepath.Join(samples, "hooks_v1alpha1_billingsettlement_refund.yaml")
+		// A Void of the same charge, under its own key.
+		voidObj := decodeAll(string(must(os.ReadFile(refund))))[0]
+		voidObj.SetName("inference-stl-00000000000000000000000000000001")
+		Expect(unstructured.SetNestedField(voidObj.Object, "Void", "spec", "type")).To(Succeed())
+		Expect(unstructured.SetNestedField(voidObj.Object, "void/inference/job-7781", "spec", "settlementKey")).To(Succeed())
+		Expect(unstructured.SetNestedField(voidObj.Object, "stl_00000000000000000000000000000001", "spec", "idempotencyKey")).To(Succeed())
+		void := filepath.Join(workDir, "void.json")
+		Expect(os.WriteFile(void, must(voidObj.MarshalJSON()), 0o600)).To(Succeed())
+
+		const (
+			whyEvent        = "WebhookEvents are created only by the settlement-operator"
+			whyJob          = "JobCompletions are created only by the settlement-operator"
+			whyCharge       = "Charge settlements are created only by the settlement-operator"
+			whyCompensation = "Refund and Void settlements are created only by the settlement-operator and the compensators"
+		)
+		// A receipt nobody delivered, a job version nobody reported, a charge nobody
+		// owes: refused to a ServiceAccount RBAC allows, and to a cluster admin.
+		for _, kc := range []string{intruderKC, adminKC} {
+			refused(kc, whyEvent, "create", "-n", ns, "-f", event)
+			refused(kc, whyJob, "create", "-n", ns, "-f", job)
+			refused(kc, whyCharge, "create", "-n", ns, "-f", charge)
+			refused(kc, whyCompensation, "create", "-n", ns, "-f", refund)
+		}
+		// The message says who is refused and what to do instead.
+		refused(intruderKC, "("+intruder+")", "create", "-n", ns, "-f", charge)
+		refused(intruderKC, "docs/runbook.md", "create", "-n", ns, "-f", job)
+		refused(intruderKC, "hooks.settlement.dev/compensator-users", "create", "-n", ns, "-f", refund)
+
+		// The install lists its compensators on the manager's ServiceAccount (the
+		// policy's parameter): a user and a group.
+		sa := "settlement-operator-controller-manager"
+		list := func(users, groups string) {
+			GinkgoHelper()
+			kubectl(adminKC, "annotate", "-n", operatorNamespace, "serviceaccount", sa, "--overwrite",
+				"hooks.settlement.dev/compensator-users="+users, "hooks.settlement.dev/compensator-groups="+groups)
+		}
+		list("someone@example.com, "+compensator, group)
+		DeferCleanup(func() { list("", "") })
+		// The policy reads its parameter from an informer: allowed once it has the change.
+		Eventually(func() error {
+			_, stderr, err := kubectlE(compensatorKC, "create", "-n", ns, "-f", refund)
+			if err != nil {
+				return fmt.Errorf("%w: %s", err, stderr)
+			}
+			return nil
+		}).Should(Succeed(), "a listed compensator creates a Refund")
+		kubectl(adminKC, "--as=finance-bot@example.com", "--as-group="+group, "create", "-n", ns, "-f", void)
+		// A compensator creates compensations, nothing else.
+		refused(compensatorKC, whyEvent, "create", "-n", ns, "-f", event)
+		refused(compensatorKC, whyJob, "create", "-n", ns, "-f", job)
+		refused(compensatorKC, whyCharge, "create", "-n", ns, "-f", charge)
+		refused(intruderKC, whyCompensation, "create", "-n", ns, "-f", void)
+
+		// The manager creates all of them.
+		kubectl(managerKubeconfig(), "create", "-n", ns, "-f", event, "-f", job, "-f", charge)
+		var got hooksv1alpha1.BillingSettlementList
+		Expect(k8s.List(ctx, &got, client.InNamespace(ns))).To(Succeed())
+		Expect(got.Items).To(HaveLen(3))
 	})
 
 	It("ships NetworkPolicy and ServiceMonitor add-ons that select the installed Pods and metrics Service", func() {
