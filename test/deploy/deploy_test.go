@@ -639,15 +639,36 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		refused(intruderKC, "hooks.settlement.dev/compensator-users", "create", "-n", ns, "-f", refund)
 
 		// The install lists its compensators on the manager's ServiceAccount (the
-		// policy's parameter): a user and a group.
-		sa := "settlement-operator-controller-manager"
-		list := func(users, groups string) {
-			GinkgoHelper()
-			kubectl(adminKC, "annotate", "-n", operatorNamespace, "serviceaccount", sa, "--overwrite",
-				"hooks.settlement.dev/compensator-users="+users, "hooks.settlement.dev/compensator-groups="+groups)
+		// policy's parameter), with the overlay docs/runbook.md shows: a user and a group.
+		overlay := must(os.MkdirTemp(testenv.RepoRoot(), ".overlay-"))
+		DeferCleanup(os.RemoveAll, overlay)
+		Expect(os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(`resources:
+- ../config/default
+patches:
+- target: {kind: ServiceAccount, name: settlement-operator-controller-manager}
+  patch: |-
+    - op: replace
+      path: /metadata/annotations/hooks.settlement.dev~1compensator-users
+      value: someone@example.com, `+compensator+`
+    - op: replace
+      path: /metadata/annotations/hooks.settlement.dev~1compensator-groups
+      value: `+group+`
+`), 0o600)).To(Succeed())
+		listed := filepath.Join(workDir, "install-with-compensators.yaml")
+		Expect(os.WriteFile(listed, []byte(run(kustomize, "build", overlay)), 0o600)).To(Succeed())
+		kubectl(adminKC, "apply", "--server-side", "-f", install) // the image of an earlier spec's upgrade back
+		before := stableResourceVersions()
+		kubectl(adminKC, "apply", "--server-side", "-f", listed)
+		var changed []string
+		for k, rv := range resourceVersions() {
+			if before[k] != rv {
+				changed = append(changed, k)
+			}
 		}
-		list("someone@example.com, "+compensator, group)
-		DeferCleanup(func() { list("", "") })
+		Expect(changed).To(ConsistOf("ServiceAccount/"+operatorNamespace+"/settlement-operator-controller-manager"),
+			"listing compensators changes the ServiceAccount alone")
+		// Applying the installer again lists nobody.
+		DeferCleanup(func() { kubectl(adminKC, "apply", "--server-side", "-f", install) })
 		// The policy reads its parameter from an informer: allowed once it has the change.
 		Eventually(func() error {
 			_, stderr, err := kubectlE(compensatorKC, "create", "-n", ns, "-f", refund)

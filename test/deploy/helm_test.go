@@ -300,6 +300,13 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 		})).To(Succeed())
 		samples := filepath.Join(testenv.RepoRoot(), "config", "samples")
 		chartManager := "system:serviceaccount:" + ns + ":" + dep.Spec.Template.Spec.ServiceAccountName
+		// The API server takes up a new binding from an informer: wait until a dry run
+		// (admission included, nothing stored) is refused.
+		Eventually(func() error {
+			_, _, err := kubectlE(adminKC, "--as="+managerUser, "create", "--dry-run=server", "-n", ns,
+				"-f", filepath.Join(samples, "hooks_v1alpha1_billingsettlement.yaml"))
+			return err
+		}).Should(HaveOccurred(), "the chart's binding is in force")
 		refused(adminKC, "Charge settlements are created only by the settlement-operator ("+chartManager+")",
 			"--as="+managerUser, "--as-group=acme-finance", "create", "-n", ns,
 			"-f", filepath.Join(samples, "hooks_v1alpha1_billingsettlement.yaml"))
