@@ -640,35 +640,7 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 
 		// The install lists its compensators on the manager's ServiceAccount (the
 		// policy's parameter), with the overlay docs/runbook.md shows: a user and a group.
-		overlay := must(os.MkdirTemp(testenv.RepoRoot(), ".overlay-"))
-		DeferCleanup(os.RemoveAll, overlay)
-		Expect(os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(`resources:
-- ../config/default
-patches:
-- target: {kind: ServiceAccount, name: settlement-operator-controller-manager}
-  patch: |-
-    - op: replace
-      path: /metadata/annotations/hooks.settlement.dev~1compensator-users
-      value: someone@example.com, `+compensator+`
-    - op: replace
-      path: /metadata/annotations/hooks.settlement.dev~1compensator-groups
-      value: `+group+`
-`), 0o600)).To(Succeed())
-		listed := filepath.Join(workDir, "install-with-compensators.yaml")
-		Expect(os.WriteFile(listed, []byte(run(kustomize, "build", overlay)), 0o600)).To(Succeed())
-		kubectl(adminKC, "apply", "--server-side", "-f", install) // the image of an earlier spec's upgrade back
-		before := stableResourceVersions()
-		kubectl(adminKC, "apply", "--server-side", "-f", listed)
-		var changed []string
-		for k, rv := range resourceVersions() {
-			if before[k] != rv {
-				changed = append(changed, k)
-			}
-		}
-		Expect(changed).To(ConsistOf("ServiceAccount/"+operatorNamespace+"/settlement-operator-controller-manager"),
-			"listing compensators changes the ServiceAccount alone")
-		// Applying the installer again lists nobody.
-		DeferCleanup(func() { kubectl(adminKC, "apply", "--server-side", "-f", install) })
+		listCompensators("someone@example.com, "+compensator, group)
 		// The policy reads its parameter from an informer: allowed once it has the change.
 		Eventually(func() error {
 			_, stderr, err := kubectlE(compensatorKC, "create", "-n", ns, "-f", refund)
@@ -689,6 +661,87 @@ patches:
 		var got hooksv1alpha1.BillingSettlementList
 		Expect(k8s.List(ctx, &got, client.InNamespace(ns))).To(Succeed())
 		Expect(got.Items).To(HaveLen(3))
+	})
+
+	It("lets a listed compensator refund a settled charge with kubectl settlement refund, and the manager sends it", func() {
+		const ns, compensator, stranger = "refunds", "refunds@example.com", "stranger@example.com"
+		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		billing, err := fakebilling.Start(fakebilling.Options{Token: "refunds-token"})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(billing.Close)
+		Expect(k8s.Create(ctx, &corev1.Secret{
+			ObjectMeta: fixtures.CredentialMeta(ns, "billing-api-token", hooksv1alpha1.CredentialForBilling, billing.URL()),
+			StringData: map[string]string{"token": "refunds-token"}})).To(Succeed())
+		Expect(k8s.Create(ctx, &hooksv1alpha1.BillingProvider{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing"},
+			Spec: hooksv1alpha1.BillingProviderSpec{Endpoint: billing.URL(), AllowInsecureHTTP: true,
+				CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "billing-api-token", Key: "token"},
+				RequestTimeout:       &metav1.Duration{Duration: 2 * time.Second}},
+		})).To(Succeed())
+		// What the plugin needs, by RBAC, for both users.
+		Expect(k8s.Create(ctx, &rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "refunder"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{hooksv1alpha1.GroupVersion.Group},
+				Resources: []string{"billingsettlements", "webhookproviders"}, Verbs: []string{"get", "list", "create"}}},
+		})).To(Succeed())
+		Expect(k8s.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "refunder"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "refunder"},
+			Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: compensator},
+				{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: stranger}},
+		})).To(Succeed())
+
+		sample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_billingsettlement.yaml")
+		kubectl(managerKubeconfig(), "create", "-n", ns, "-f", sample)
+		charge := decodeAll(string(must(os.ReadFile(sample))))[0].GetName()
+		r := startReplica(deployment(), managerKubeconfig())
+		DeferCleanup(func() { r.session.Kill() })
+		settlement := func(name string) *hooksv1alpha1.BillingSettlement {
+			GinkgoHelper()
+			var bs hooksv1alpha1.BillingSettlement
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &bs); err != nil {
+				return &hooksv1alpha1.BillingSettlement{}
+			}
+			return &bs
+		}
+		Eventually(func() hooksv1alpha1.SettlementState { return settlement(charge).Status.State }).
+			Should(Equal(hooksv1alpha1.SettlementSettled))
+
+		plugin := must(gexec.Build("github.com/settlement-operator/settlement-operator/cmd/kubectl-settlement"))
+		refundAs := func(user string) (string, string, error) {
+			kc := filepath.Join(workDir, user+".kubeconfig")
+			Expect(testenv.WriteKubeconfig(kc, cfg, user, user)).To(Succeed())
+			return runE(plugin, "refund", charge, "--full", "-n", ns, "--kubeconfig", kc)
+		}
+		listCompensators(compensator, "")
+		_, stderr, err := refundAs(stranger)
+		Expect(err).To(HaveOccurred(), "a user RBAC lets create settlements, not listed as a compensator")
+		Expect(stderr).To(SatisfyAll(ContainSubstring("not allowed to create the refund"),
+			ContainSubstring("Refund and Void settlements are created only by the settlement-operator and the compensators"),
+			ContainSubstring("("+stranger+")")))
+		var out string
+		Eventually(func() error { // once the policy's informer has the list
+			var stderr string
+			out, stderr, err = refundAs(compensator)
+			if err != nil {
+				return fmt.Errorf("%w: %s", err, stderr)
+			}
+			return nil
+		}).Should(Succeed())
+		Expect(out).To(ContainSubstring("created refund"))
+		var refund string
+		Eventually(func() []string { return settlement(charge).Status.ReversedBy }).Should(HaveLen(1))
+		refund = settlement(charge).Status.ReversedBy[0]
+		Eventually(func() hooksv1alpha1.SettlementState { return settlement(refund).Status.State }).
+			Should(Equal(hooksv1alpha1.SettlementSettled), "the manager sends the compensator's refund")
+		Expect(settlement(refund).Spec.Type).To(Equal(hooksv1alpha1.SettlementRefund))
+
+		r.session.Terminate().Wait(45 * time.Second)
+		Expect(r.session).To(gexec.Exit(0))
+		// (The namespace an earlier spec left Terminating refuses the manager's events
+		// there: "forbidden", but not the policy.)
+		Expect(string(r.session.Out.Contents())+string(r.session.Err.Contents())).NotTo(ContainSubstring("ValidatingAdmissionPolicy"),
+			"the policy refused the manager something")
 	})
 
 	It("ships NetworkPolicy and ServiceMonitor add-ons that select the installed Pods and metrics Service", func() {
@@ -784,6 +837,42 @@ patches:
 		}
 	})
 })
+
+// listCompensators applies the installer through the kustomize overlay docs/runbook.md
+// shows ("Compensate"), listing users and groups on the manager's ServiceAccount, and
+// checks that it changes that ServiceAccount and nothing else. Applying the installer
+// again at the end of the spec lists nobody.
+func listCompensators(users, groups string) {
+	GinkgoHelper()
+	overlay := must(os.MkdirTemp(testenv.RepoRoot(), ".overlay-"))
+	DeferCleanup(os.RemoveAll, overlay)
+	Expect(os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(`resources:
+- ../config/default
+patches:
+- target: {kind: ServiceAccount, name: settlement-operator-controller-manager}
+  patch: |-
+    - op: replace
+      path: /metadata/annotations/hooks.settlement.dev~1compensator-users
+      value: `+users+`
+    - op: replace
+      path: /metadata/annotations/hooks.settlement.dev~1compensator-groups
+      value: `+groups+`
+`), 0o600)).To(Succeed())
+	listed := filepath.Join(workDir, "install-with-compensators.yaml")
+	Expect(os.WriteFile(listed, []byte(run(kustomize, "build", overlay)), 0o600)).To(Succeed())
+	kubectl(adminKC, "apply", "--server-side", "-f", install) // the image of an earlier spec's upgrade back
+	before := stableResourceVersions()
+	kubectl(adminKC, "apply", "--server-side", "-f", listed)
+	var changed []string
+	for k, rv := range resourceVersions() {
+		if before[k] != rv {
+			changed = append(changed, k)
+		}
+	}
+	Expect(changed).To(ConsistOf("ServiceAccount/"+operatorNamespace+"/settlement-operator-controller-manager"),
+		"listing compensators changes the ServiceAccount alone")
+	DeferCleanup(func() { kubectl(adminKC, "apply", "--server-side", "-f", install) })
+}
 
 // replica is one manager process, started as the Deployment would start it.
 type replica struct {
