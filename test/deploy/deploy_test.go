@@ -636,7 +636,8 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		// The message says who is refused and what to do instead.
 		refused(intruderKC, "("+intruder+")", "create", "-n", ns, "-f", charge)
 		refused(intruderKC, "docs/runbook.md", "create", "-n", ns, "-f", job)
-		refused(intruderKC, "hooks.settlement.dev/compensator-users", "create", "-n", ns, "-f", refund)
+		refused(intruderKC, "hooks.settlement.dev/compensator-users and hooks.settlement.dev/compensator-groups "+
+			"annotations of ServiceAccount "+operatorNamespace+"/settlement-operator-controller-manager", "create", "-n", ns, "-f", refund)
 
 		// The install lists its compensators on the manager's ServiceAccount (the
 		// policy's parameter), with the overlay docs/runbook.md shows: a user and a group.

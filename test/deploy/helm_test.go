@@ -310,7 +310,7 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 		refused(adminKC, "Charge settlements are created only by the settlement-operator ("+chartManager+")",
 			"--as="+managerUser, "--as-group=acme-finance", "create", "-n", ns,
 			"-f", filepath.Join(samples, "hooks_v1alpha1_billingsettlement.yaml"))
-		refused(adminKC, "annotations of "+chartManager, "--as="+managerUser, "create", "-n", ns,
+		refused(adminKC, "annotations of ServiceAccount "+ns+"/"+dep.Spec.Template.Spec.ServiceAccountName, "--as="+managerUser, "create", "-n", ns,
 			"-f", filepath.Join(samples, "hooks_v1alpha1_billingsettlement_refund.yaml"))
 		Eventually(func() error { // once the policy's informer has the ServiceAccount
 			_, stderr, err := kubectlE(adminKC, "--as="+managerUser, "--as-group=acme-finance", "create", "-n", ns,
