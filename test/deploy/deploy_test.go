@@ -395,8 +395,10 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 				CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "billing-api-token", Key: "token"},
 				RequestTimeout:       &metav1.Duration{Duration: 2 * time.Second}},
 		})).To(Succeed())
+		// A charge made by hand is created as the manager (the runbook's break-glass:
+		// nobody else creates a Charge).
 		sample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_billingsettlement.yaml")
-		kubectl(adminKC, "apply", "--server-side", "-n", ns, "-f", sample)
+		kubectl(managerKubeconfig(), "create", "-n", ns, "-f", sample)
 		stl := decodeAll(string(must(os.ReadFile(sample))))[0]
 		name, key := stl.GetName(), must(func() (string, error) {
 			k, _, err := unstructured.NestedString(stl.Object, "spec", "settlementKey")
@@ -484,7 +486,7 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 
 		// The same for a JobCompletion, the memory that a job was seen.
 		jcSample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_jobcompletion.yaml")
-		kubectl(adminKC, "apply", "--server-side", "-n", ns, "-f", jcSample)
+		kubectl(managerKubeconfig(), "create", "-n", ns, "-f", jcSample)
 		jc := decodeAll(string(must(os.ReadFile(jcSample))))[0].GetName()
 		refused(nsAdmin, whyFinalizer, "patch", "-n", ns, "jobcompletion", jc, "--type=merge",
 			"-p", `{"metadata":{"finalizers":["example.com/hold"]}}`)
@@ -499,23 +501,24 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		// And for a WebhookEvent, the receipt behind a 2xx: deleting it before dispatch,
 		// or writing its phase, would lose a charge the sender never redelivers.
 		evSample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_webhookevent.yaml")
-		kubectl(adminKC, "apply", "--server-side", "-n", ns, "-f", evSample)
+		kubectl(managerKubeconfig(), "create", "-n", ns, "-f", evSample)
 		ev := decodeAll(string(must(os.ReadFile(evSample))))[0].GetName()
 		refused(nsAdmin, whyDelete, "delete", "-n", ns, "webhookevent", ev)
 		refused(nsAdmin, whyStatus, "patch", "-n", ns, "webhookevent", ev, "--subresource=status", "--type=merge",
 			"-p", `{"status":{"phase":"Ignored"}}`)
 		refused(nsAdmin, whyFinalizer, "patch", "-n", ns, "webhookevent", ev, "--type=merge",
 			"-p", `{"metadata":{"finalizers":["example.com/hold"]}}`)
-		// Not even a cluster admin gives a record an owner: the garbage collector would
-		// delete it.
+		// Not even the operator (nor a cluster admin) gives a record an owner: the
+		// garbage collector would delete it.
 		other := decodeAll(string(must(os.ReadFile(jcSample))))[0]
 		other.SetName(jc + "-x")
 		other.SetNamespace(ns)
 		other.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "gone",
 			UID: "00000000-0000-0000-0000-000000000000"}})
-		err = k8s.Create(ctx, other)
-		Expect(err).To(HaveOccurred())
-		Expect(err.Error()).To(ContainSubstring(whyOwner))
+		owned := filepath.Join(workDir, "owned-jobcompletion.json")
+		Expect(os.WriteFile(owned, must(other.MarshalJSON()), 0o600)).To(Succeed())
+		refused(managerKubeconfig(), whyOwner, "create", "-f", owned)
+		refused(adminKC, whyOwner, "create", "-f", owned)
 
 		r.session.Terminate().Wait(45 * time.Second)
 		Expect(r.session).To(gexec.Exit(0))
@@ -533,7 +536,7 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 
 		stlSample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_billingsettlement.yaml")
 		jcSample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_jobcompletion.yaml")
-		kubectl(adminKC, "apply", "--server-side", "-n", ns, "-f", stlSample, "-f", jcSample)
+		kubectl(managerKubeconfig(), "create", "-n", ns, "-f", stlSample, "-f", jcSample)
 		stl := decodeAll(string(must(os.ReadFile(stlSample))))[0].GetName()
 		jc := decodeAll(string(must(os.ReadFile(jcSample))))[0].GetName()
 		// A hand-made settlement may have been sent in an earlier life: its finalizer
@@ -572,6 +575,174 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		}
 		r.session.Terminate().Wait(45 * time.Second)
 		Expect(r.session).To(gexec.Exit(0))
+	})
+
+	It("lets only the manager create records, and the compensators the install lists create a Refund or Void", func() {
+		const ns, compensator, group = "intake", "refunds@example.com", "finance-oncall"
+		intruder := "system:serviceaccount:" + ns + ":intruder"
+		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		Expect(k8s.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "intruder"}})).To(Succeed())
+		// RBAC grants all three create: what stands between them and a charge is the policy.
+		Expect(k8s.Create(ctx, &rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "record-creator"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{hooksv1alpha1.GroupVersion.Group},
+				Resources: []string{"webhookevents", "jobcompletions", "billingsettlements"}, Verbs: []string{"create", "get"}}},
+		})).To(Succeed())
+		Expect(k8s.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "record-creator"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "record-creator"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "intruder"},
+				{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: compensator},
+				{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: group}},
+		})).To(Succeed())
+		intruderKC := filepath.Join(workDir, "intruder.kubeconfig")
+		Expect(testenv.WriteKubeconfig(intruderKC, cfg, "intruder", intruder)).To(Succeed())
+		compensatorKC := filepath.Join(workDir, "compensator.kubeconfig")
+		Expect(testenv.WriteKubeconfig(compensatorKC, cfg, "compensator", compensator)).To(Succeed())
+		for _, kc := range []string{intruderKC, compensatorKC} {
+			for _, res := range []string{"webhookevents", "jobcompletions", "billingsettlements"} {
+				Expect(kubectl(kc, "auth", "can-i", "create", res, "-n", ns)).To(Equal("yes\n"), res)
+			}
+		}
+
+		samples := filepath.Join(testenv.RepoRoot(), "config", "samples")
+		event := filepath.Join(samples, "hooks_v1alpha1_webhookevent.yaml")
+		job := filepath.Join(samples, "hooks_v1alpha1_jobcompletion.yaml")
+		charge := filepath.Join(samples, "hooks_v1alpha1_billingsettlement.yaml")
+		refund := filepath.Join(samples, "hooks_v1alpha1_billingsettlement_refund.yaml")
+		// A Void of the same charge, under its own key.
+		voidObj := decodeAll(string(must(os.ReadFile(refund))))[0]
+		voidObj.SetName("inference-stl-00000000000000000000000000000001")
+		Expect(unstructured.SetNestedField(voidObj.Object, "Void", "spec", "type")).To(Succeed())
+		Expect(unstructured.SetNestedField(voidObj.Object, "void/inference/job-7781", "spec", "settlementKey")).To(Succeed())
+		Expect(unstructured.SetNestedField(voidObj.Object, "stl_00000000000000000000000000000001", "spec", "idempotencyKey")).To(Succeed())
+		void := filepath.Join(workDir, "void.json")
+		Expect(os.WriteFile(void, must(voidObj.MarshalJSON()), 0o600)).To(Succeed())
+
+		const (
+			whyEvent        = "WebhookEvents are created only by the settlement-operator"
+			whyJob          = "JobCompletions are created only by the settlement-operator"
+			whyCharge       = "Charge settlements are created only by the settlement-operator"
+			whyCompensation = "Refund and Void settlements are created only by the settlement-operator and the compensators"
+		)
+		// A receipt nobody delivered, a job version nobody reported, a charge nobody
+		// owes: refused to a ServiceAccount RBAC allows, and to a cluster admin.
+		for _, kc := range []string{intruderKC, adminKC} {
+			refused(kc, whyEvent, "create", "-n", ns, "-f", event)
+			refused(kc, whyJob, "create", "-n", ns, "-f", job)
+			refused(kc, whyCharge, "create", "-n", ns, "-f", charge)
+			refused(kc, whyCompensation, "create", "-n", ns, "-f", refund)
+		}
+		// The message says who is refused and what to do instead.
+		refused(intruderKC, "("+intruder+")", "create", "-n", ns, "-f", charge)
+		refused(intruderKC, "docs/runbook.md", "create", "-n", ns, "-f", job)
+		refused(intruderKC, "hooks.settlement.dev/compensator-users and hooks.settlement.dev/compensator-groups "+
+			"annotations of ServiceAccount "+operatorNamespace+"/settlement-operator-controller-manager", "create", "-n", ns, "-f", refund)
+
+		// The install lists its compensators on the manager's ServiceAccount (the
+		// policy's parameter), with the overlay docs/runbook.md shows: a user and a group.
+		listCompensators("someone@example.com, "+compensator, group)
+		// The policy reads its parameter from an informer: allowed once it has the change.
+		Eventually(func() error {
+			_, stderr, err := kubectlE(compensatorKC, "create", "-n", ns, "-f", refund)
+			if err != nil {
+				return fmt.Errorf("%w: %s", err, stderr)
+			}
+			return nil
+		}).Should(Succeed(), "a listed compensator creates a Refund")
+		kubectl(adminKC, "--as=finance-bot@example.com", "--as-group="+group, "create", "-n", ns, "-f", void)
+		// A compensator creates compensations, nothing else.
+		refused(compensatorKC, whyEvent, "create", "-n", ns, "-f", event)
+		refused(compensatorKC, whyJob, "create", "-n", ns, "-f", job)
+		refused(compensatorKC, whyCharge, "create", "-n", ns, "-f", charge)
+		refused(intruderKC, whyCompensation, "create", "-n", ns, "-f", void)
+
+		// The manager creates all of them.
+		kubectl(managerKubeconfig(), "create", "-n", ns, "-f", event, "-f", job, "-f", charge)
+		var got hooksv1alpha1.BillingSettlementList
+		Expect(k8s.List(ctx, &got, client.InNamespace(ns))).To(Succeed())
+		Expect(got.Items).To(HaveLen(3))
+	})
+
+	It("lets a listed compensator refund a settled charge with kubectl settlement refund, and the manager sends it", func() {
+		const ns, compensator, stranger = "refunds", "refunds@example.com", "stranger@example.com"
+		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		billing, err := fakebilling.Start(fakebilling.Options{Token: "refunds-token"})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(billing.Close)
+		Expect(k8s.Create(ctx, &corev1.Secret{
+			ObjectMeta: fixtures.CredentialMeta(ns, "billing-api-token", hooksv1alpha1.CredentialForBilling, billing.URL()),
+			StringData: map[string]string{"token": "refunds-token"}})).To(Succeed())
+		Expect(k8s.Create(ctx, &hooksv1alpha1.BillingProvider{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing"},
+			Spec: hooksv1alpha1.BillingProviderSpec{Endpoint: billing.URL(), AllowInsecureHTTP: true,
+				CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "billing-api-token", Key: "token"},
+				RequestTimeout:       &metav1.Duration{Duration: 2 * time.Second}},
+		})).To(Succeed())
+		// What the plugin needs, by RBAC, for both users.
+		Expect(k8s.Create(ctx, &rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "refunder"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{hooksv1alpha1.GroupVersion.Group},
+				Resources: []string{"billingsettlements", "webhookproviders"}, Verbs: []string{"get", "list", "create"}}},
+		})).To(Succeed())
+		Expect(k8s.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "refunder"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "refunder"},
+			Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: compensator},
+				{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: stranger}},
+		})).To(Succeed())
+
+		sample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_billingsettlement.yaml")
+		kubectl(managerKubeconfig(), "create", "-n", ns, "-f", sample)
+		charge := decodeAll(string(must(os.ReadFile(sample))))[0].GetName()
+		r := startReplica(deployment(), managerKubeconfig())
+		DeferCleanup(func() { r.session.Kill() })
+		settlement := func(name string) *hooksv1alpha1.BillingSettlement {
+			GinkgoHelper()
+			var bs hooksv1alpha1.BillingSettlement
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &bs); err != nil {
+				return &hooksv1alpha1.BillingSettlement{}
+			}
+			return &bs
+		}
+		Eventually(func() hooksv1alpha1.SettlementState { return settlement(charge).Status.State }).
+			Should(Equal(hooksv1alpha1.SettlementSettled))
+
+		plugin := must(gexec.Build("github.com/settlement-operator/settlement-operator/cmd/kubectl-settlement"))
+		refundAs := func(user string) (string, string, error) {
+			kc := filepath.Join(workDir, user+".kubeconfig")
+			Expect(testenv.WriteKubeconfig(kc, cfg, user, user)).To(Succeed())
+			return runE(plugin, "refund", charge, "--full", "-n", ns, "--kubeconfig", kc)
+		}
+		listCompensators(compensator, "")
+		_, stderr, err := refundAs(stranger)
+		Expect(err).To(HaveOccurred(), "a user RBAC lets create settlements, not listed as a compensator")
+		Expect(stderr).To(SatisfyAll(ContainSubstring("not allowed to create the refund"),
+			ContainSubstring("Refund and Void settlements are created only by the settlement-operator and the compensators"),
+			ContainSubstring("("+stranger+")")))
+		var out string
+		Eventually(func() error { // once the policy's informer has the list
+			var stderr string
+			out, stderr, err = refundAs(compensator)
+			if err != nil {
+				return fmt.Errorf("%w: %s", err, stderr)
+			}
+			return nil
+		}).Should(Succeed())
+		Expect(out).To(ContainSubstring("created refund"))
+		var refund string
+		Eventually(func() []string { return settlement(charge).Status.ReversedBy }).Should(HaveLen(1))
+		refund = settlement(charge).Status.ReversedBy[0]
+		Eventually(func() hooksv1alpha1.SettlementState { return settlement(refund).Status.State }).
+			Should(Equal(hooksv1alpha1.SettlementSettled), "the manager sends the compensator's refund")
+		Expect(settlement(refund).Spec.Type).To(Equal(hooksv1alpha1.SettlementRefund))
+
+		r.session.Terminate().Wait(45 * time.Second)
+		Expect(r.session).To(gexec.Exit(0))
+		// (The namespace an earlier spec left Terminating refuses the manager's events
+		// there: "forbidden", but not the policy.)
+		Expect(string(r.session.Out.Contents())+string(r.session.Err.Contents())).NotTo(ContainSubstring("ValidatingAdmissionPolicy"),
+			"the policy refused the manager something")
 	})
 
 	It("ships NetworkPolicy and ServiceMonitor add-ons that select the installed Pods and metrics Service", func() {
@@ -667,6 +838,42 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		}
 	})
 })
+
+// listCompensators applies the installer through the kustomize overlay docs/runbook.md
+// shows ("Compensate"), listing users and groups on the manager's ServiceAccount, and
+// checks that it changes that ServiceAccount and nothing else. Applying the installer
+// again at the end of the spec lists nobody.
+func listCompensators(users, groups string) {
+	GinkgoHelper()
+	overlay := must(os.MkdirTemp(testenv.RepoRoot(), ".overlay-"))
+	DeferCleanup(os.RemoveAll, overlay)
+	Expect(os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(`resources:
+- ../config/default
+patches:
+- target: {kind: ServiceAccount, name: settlement-operator-controller-manager}
+  patch: |-
+    - op: replace
+      path: /metadata/annotations/hooks.settlement.dev~1compensator-users
+      value: `+users+`
+    - op: replace
+      path: /metadata/annotations/hooks.settlement.dev~1compensator-groups
+      value: `+groups+`
+`), 0o600)).To(Succeed())
+	listed := filepath.Join(workDir, "install-with-compensators.yaml")
+	Expect(os.WriteFile(listed, []byte(run(kustomize, "build", overlay)), 0o600)).To(Succeed())
+	kubectl(adminKC, "apply", "--server-side", "-f", install) // the image of an earlier spec's upgrade back
+	before := stableResourceVersions()
+	kubectl(adminKC, "apply", "--server-side", "-f", listed)
+	var changed []string
+	for k, rv := range resourceVersions() {
+		if before[k] != rv {
+			changed = append(changed, k)
+		}
+	}
+	Expect(changed).To(ConsistOf("ServiceAccount/"+operatorNamespace+"/settlement-operator-controller-manager"),
+		"listing compensators changes the ServiceAccount alone")
+	DeferCleanup(func() { kubectl(adminKC, "apply", "--server-side", "-f", install) })
+}
 
 // replica is one manager process, started as the Deployment would start it.
 type replica struct {

@@ -1,6 +1,7 @@
 package deploy_test
 
 import (
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -15,9 +16,13 @@ import (
 	"helm.sh/helm/v3/pkg/engine"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
 
@@ -178,6 +183,9 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 			{map[string]any{"archive": map[string]any{"maxConns": 0}}, "maxConns"},
 			{map[string]any{"image": map[string]any{"pullPolicy": "Sometimes"}}, "pullPolicy"},
 			{map[string]any{"archive": map[string]any{"enabled": true, "secretName": ""}}, "archive.secretName is required"},
+			// One name per item: the policy splits the annotation at commas.
+			{map[string]any{"recordProtection": map[string]any{"compensators": map[string]any{"users": []any{"a@example.com,b@example.com"}}}}, "compensators"},
+			{map[string]any{"recordProtection": map[string]any{"compensators": map[string]any{"group": []any{"finance"}}}}, "group"},
 		} {
 			_, err := renderChartE("settlement-operator", operatorNamespace, bad.values)
 			Expect(err).To(MatchError(ContainSubstring(bad.says)), "%v", bad.values)
@@ -207,6 +215,8 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 			"metrics": map[string]any{"certSecret": "acme-metrics-tls",
 				"serviceMonitor": map[string]any{"enabled": true, "labels": map[string]any{"release": "prometheus"}},
 				"prometheusRule": map[string]any{"enabled": true, "labels": map[string]any{"release": "prometheus"}}},
+			"recordProtection": map[string]any{"compensators": map[string]any{
+				"users": []any{"alice@example.com", "system:serviceaccount:finance:refunds"}, "groups": []any{"acme-finance"}}},
 		})
 
 		// The Prometheus Operator's kinds have no CRD in this control plane: checked
@@ -270,6 +280,49 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 		Expect(kubectl(adminKC, "apply", "--server-side", "--field-manager=helm", "-f", path)).To(ContainSubstring("serverside-applied"))
 		kubectl(adminKC, "apply", "--server-side", "--field-manager=helm", "-f", path)
 		Expect(recordProtectionParam(apply)).To(Equal(ns + "/" + dep.Spec.Template.Spec.ServiceAccountName))
+		// The compensators of the values are on the binding's parameter, where the policy
+		// reads them.
+		var sa corev1.ServiceAccount
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: dep.Spec.Template.Spec.ServiceAccountName}, &sa)).To(Succeed())
+		Expect(sa.Annotations).To(SatisfyAll(
+			HaveKeyWithValue("hooks.settlement.dev/compensator-users", "alice@example.com, system:serviceaccount:finance:refunds"),
+			HaveKeyWithValue("hooks.settlement.dev/compensator-groups", "acme-finance")))
+		// The chart's policy knows only its own manager: the installer's (allowed by the
+		// installer's binding, when installed) is a stranger to it. As a member of the
+		// listed group it may create a Refund, never a Charge.
+		Expect(k8s.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "installer-manager-creates"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "edit-settlements"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: operatorNamespace,
+				Name: "settlement-operator-controller-manager"}},
+		})).To(Succeed())
+		Expect(k8s.Create(ctx, &rbacv1.ClusterRole{
+			ObjectMeta: metav1.ObjectMeta{Name: "edit-settlements"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{hooksv1alpha1.GroupVersion.Group},
+				Resources: []string{"billingsettlements"}, Verbs: []string{"create", "get"}}},
+		})).To(Succeed())
+		samples := filepath.Join(testenv.RepoRoot(), "config", "samples")
+		chartManager := "system:serviceaccount:" + ns + ":" + dep.Spec.Template.Spec.ServiceAccountName
+		// The API server takes up a new binding from an informer: wait until a dry run
+		// (admission included, nothing stored) is refused.
+		Eventually(func() error {
+			_, _, err := kubectlE(adminKC, "--as="+managerUser, "create", "--dry-run=server", "-n", ns,
+				"-f", filepath.Join(samples, "hooks_v1alpha1_billingsettlement.yaml"))
+			return err
+		}).Should(HaveOccurred(), "the chart's binding is in force")
+		refused(adminKC, "Charge settlements are created only by the settlement-operator ("+chartManager+")",
+			"--as="+managerUser, "--as-group=acme-finance", "create", "-n", ns,
+			"-f", filepath.Join(samples, "hooks_v1alpha1_billingsettlement.yaml"))
+		refused(adminKC, "annotations of ServiceAccount "+ns+"/"+dep.Spec.Template.Spec.ServiceAccountName, "--as="+managerUser, "create", "-n", ns,
+			"-f", filepath.Join(samples, "hooks_v1alpha1_billingsettlement_refund.yaml"))
+		Eventually(func() error { // once the policy's informer has the ServiceAccount
+			_, stderr, err := kubectlE(adminKC, "--as="+managerUser, "--as-group=acme-finance", "create", "-n", ns,
+				"-f", filepath.Join(samples, "hooks_v1alpha1_billingsettlement_refund.yaml"))
+			if err != nil {
+				return fmt.Errorf("%w: %s", err, stderr)
+			}
+			return nil
+		}).Should(Succeed(), "a member of the chart's compensator group creates a Refund")
 
 		// The chart's RBAC is enough for the manager: it starts as the ServiceAccount and
 		// takes the Lease in the release namespace.

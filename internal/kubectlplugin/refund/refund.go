@@ -35,7 +35,9 @@ charge, and more than is left after the charge's refunds in the cluster.
 Each refund of a charge has a refund ID (default 1), part of its settlement key: the
 same command run again creates nothing (the refund exists) and says so, so a retried
 command never refunds twice. A second, separate refund of the same charge needs
-another --refund-id. Creating needs create on billingsettlements in the namespace.
+another --refund-id. Creating needs create on billingsettlements in the namespace and,
+where the record-protection policy is installed, being one of the compensators the
+install lists on the manager's ServiceAccount (docs/runbook.md "Compensate").
 
 Usage:
   kubectl settlement refund <charge: settlement-name|settlement-key|idempotency-key> (--amount DECIMAL | --full) [--refund-id ID] [-n NS]
@@ -249,7 +251,11 @@ func Run(ctx context.Context, c cmdline.Env, args []string) error {
 			fmt.Fprintf(c.Stdout, "Follow it: kubectl settlement trace %s -n %s\n", refund.Name, ns)
 			return nil
 		case apierrors.IsForbidden(err):
-			return fmt.Errorf("not allowed to create the refund in %s (kubectl auth can-i create billingsettlements -n %s): %w", ns, ns, err)
+			// RBAC (create on billingsettlements) or the record-protection policy (a
+			// compensator the install lists); the error says which.
+			return fmt.Errorf("not allowed to create the refund in %s: it takes create on billingsettlements "+
+				"(kubectl auth can-i create billingsettlements -n %s) and, with the record-protection policy installed, "+
+				"being one of the compensators the install lists (docs/runbook.md, \"Compensate\"): %w", ns, ns, err)
 		}
 		return fmt.Errorf("create %s: %w", summary, err)
 	}
