@@ -73,7 +73,7 @@ func sampleProvider(ns, name string) *hooksv1alpha1.WebhookProvider {
 		Spec: hooksv1alpha1.WebhookProviderSpec{
 			Signature: hooksv1alpha1.SignatureSpec{
 				Scheme:    hooksv1alpha1.SchemeStandardWebhooks,
-				SecretRef: hooksv1alpha1.SecretReference{Name: "s"},
+				SecretRef: hooksv1alpha1.SigningSecretReference{Name: "s"},
 			},
 			EventID:   hooksv1alpha1.EventIDSource{Header: "webhook-id"},
 			EventType: hooksv1alpha1.FieldSource{JSONPath: ".type"},
@@ -288,7 +288,7 @@ var _ = Describe("WebhookProvider validation", func() {
 		hmac := func(name string) *hooksv1alpha1.WebhookProvider {
 			p := sampleProvider(ns, name)
 			p.Spec.Signature = hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeHMACSHA256,
-				SecretRef: hooksv1alpha1.SecretReference{Name: "s"}, Header: "X-Signature", TimestampHeader: "X-Timestamp"}
+				SecretRef: hooksv1alpha1.SigningSecretReference{Name: "s"}, Header: "X-Signature", TimestampHeader: "X-Timestamp"}
 			p.Spec.EventID = hooksv1alpha1.EventIDSource{JSONPath: ".id"}
 			return p
 		}
