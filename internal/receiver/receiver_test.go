@@ -41,7 +41,8 @@ func inferenceProvider(ns string) *hooksv1alpha1.WebhookProvider {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference"},
 		Spec: hooksv1alpha1.WebhookProviderSpec{
 			Signature: hooksv1alpha1.SignatureSpec{
-				Scheme: hooksv1alpha1.SchemeStandardWebhooks, SecretRef: hooksv1alpha1.SigningSecretReference{Name: "inference-secret"},
+				Scheme:    hooksv1alpha1.SchemeStandardWebhooks,
+				SecretRef: hooksv1alpha1.SigningSecretReference{Name: "inference-secret", Keys: []string{"current"}},
 			},
 			EventID:   hooksv1alpha1.EventIDSource{Header: "webhook-id"},
 			EventType: hooksv1alpha1.FieldSource{JSONPath: ".type"},
@@ -164,15 +165,20 @@ var _ = Describe("the receiver", func() {
 			Expect(r.Status).To(Equal(http.StatusOK), r.Body)
 		})
 
-		It("tries every key in the Secret, so a rotation loses no delivery", func() {
+		It("tries both named keys during a rotation, so it loses no delivery, and never an unnamed one", func() {
+			withNewKey := func(d *sender.Delivery) { d.Secret = []byte(swhSecret2) }
 			Expect(k8s.Patch(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-secret"},
 				StringData: map[string]string{"next": swhSecret2}}, client.Merge)).To(Succeed())
-			// Signed with the new key: accepted once the receiver re-reads the Secret
-			// (a mismatch refreshes a cached Secret older than a few seconds).
+			// In the Secret but not named: it signs nothing.
+			Expect(send(ns, "inference", "msg_rotated", completedV2, withNewKey).Status).To(Equal(http.StatusUnauthorized))
+
+			p := &hooksv1alpha1.WebhookProvider{}
+			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "inference"}, p)).To(Succeed())
+			p.Spec.Signature.SecretRef.Keys = []string{"current", "next"}
+			Expect(k8s.Update(ctx, p)).To(Succeed())
+			// Signed with the new key: accepted once the receiver sees the named key.
 			Eventually(func() int {
-				return send(ns, "inference", "msg_rotated", completedV2, func(d *sender.Delivery) {
-					d.Secret = []byte(swhSecret2)
-				}).Status
+				return send(ns, "inference", "msg_rotated", completedV2, withNewKey).Status
 			}).WithTimeout(15 * time.Second).WithPolling(time.Second).Should(Equal(http.StatusOK))
 			// The old key still works during the rotation.
 			Expect(send(ns, "inference", "msg_old_key", completedV2).Status).To(Equal(http.StatusOK))
