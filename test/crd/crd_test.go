@@ -249,6 +249,24 @@ var _ = Describe("WebhookProvider validation", func() {
 	var ns string
 	BeforeEach(func() { ns = newNamespace() })
 
+	It("takes one or two signing key names, each a Secret data key, none twice", func() {
+		for i, keys := range [][]string{{"current"}, {"current", "next"}, {"whsec.v2_key-1"}} {
+			p := sampleProvider(ns, fmt.Sprintf("keys-%d", i))
+			p.Spec.Signature.SecretRef.Keys = keys
+			Expect(k8s.Create(ctx, p)).To(Succeed(), "keys %v", keys)
+		}
+		for want, keys := range map[string][]string{
+			"must have at most 2 items":  {"a", "b", "c"},
+			"should be at least 1 chars": {""},
+			"should match":               {"a/b"},
+			"Duplicate value":            {"a", "a"},
+		} {
+			p := sampleProvider(ns, "bad-keys")
+			p.Spec.Signature.SecretRef.Keys = keys
+			expectInvalid(k8s.Create(ctx, p), want)
+		}
+	})
+
 	It("accepts a minimal provider and fills in the defaults", func() {
 		p := sampleProvider(ns, "minimal")
 		Expect(k8s.Create(ctx, p)).To(Succeed())
