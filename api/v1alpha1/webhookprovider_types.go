@@ -529,7 +529,9 @@ type WebhookProviderStatus struct {
 	// +optional
 	LastRejection *DeliveryRejection `json:"lastRejection,omitempty"`
 
-	// conditions: Ready is True when the secret exists and parses and every route is valid.
+	// conditions: Ready is True when the secret exists, the keys it signs with are usable
+	// (reasons SecretInvalid, SigningKeyRefused, SigningKeysUnnamed otherwise; deliveries
+	// are then answered 503) and every route is valid.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
