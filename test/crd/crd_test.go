@@ -691,16 +691,20 @@ var _ = Describe("what an operator sees", func() {
 		Expect(out).To(ContainSubstring("idempotencyKey"))
 		Expect(out).To(ContainSubstring("sent with every attempt and replay"))
 
-		out, errOut, err = runKubectl("explain", "webhookprovider.spec.signature.secretRef")
+		out, errOut, err = runKubectl("explain", "webhookprovider.spec.signature.secretRef.keys")
 		Expect(err).NotTo(HaveOccurred(), errOut)
-		Expect(out).To(ContainSubstring("rotated"))
+		text := strings.Join(strings.Fields(out), " ")
+		for _, want := range []string{"name two only while rotating", "No other key of the Secret is ever used",
+			"kubernetes.io/tls is refused", "SigningKeyRefused", "SigningKeysUnnamed"} {
+			Expect(text).To(ContainSubstring(want))
+		}
 
 		// The expression environment of route conditions.
 		for _, field := range []string{"webhookprovider.spec.routes.when", "webhookprovider.spec.routes.operations.when"} {
 			out, errOut, err = runKubectl("explain", field)
 			Expect(err).NotTo(HaveOccurred(), errOut)
 			// kubectl wraps the text itself: compare with the line breaks as spaces.
-			text := strings.Join(strings.Fields(out), " ")
+			text = strings.Join(strings.Fields(out), " ")
 			for _, want := range []string{"- payload:", "jobState(string) -> string", "1,000,000 CEL cost units",
 				"must have type bool", "Ready=False (InvalidSpec)", "answered 400", "Examples:"} {
 				Expect(text).To(ContainSubstring(want), field)
