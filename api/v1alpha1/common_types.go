@@ -91,6 +91,16 @@ const (
 	// or this destination (LabelCredentialFor, AnnotationCredentialDestinations); it is
 	// not sent, and everything that needs it waits. The message names what to add.
 	ReasonCredentialsNotAllowed = "CredentialsNotAllowed"
+	// ReasonSigningKeyRefused: a WebhookProvider's signing Secret is of type
+	// kubernetes.io/tls, or a key it would sign with is named like a certificate or a
+	// private key, or holds PEM. Such a value may be public (a certificate), so a
+	// signature made with it proves nothing; deliveries are answered 503 until a real
+	// signing secret is named. The message names the key and what to do.
+	ReasonSigningKeyRefused = "SigningKeyRefused"
+	// ReasonSigningKeysUnnamed: a WebhookProvider names no signing key and its Secret
+	// holds several; none is used (deliveries are answered 503) until
+	// spec.signature.secretRef.keys names the one(s) that sign.
+	ReasonSigningKeysUnnamed = "SigningKeysUnnamed"
 )
 
 // Values of LabelCredentialFor: the uses a Secret can opt in to.

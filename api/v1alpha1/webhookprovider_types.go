@@ -40,10 +40,10 @@ type SignatureSpec struct {
 	// +required
 	Scheme SignatureScheme `json:"scheme"`
 
-	// secretRef names the Secret holding the signing secret. Every key in the Secret is
-	// tried, so a secret can be rotated by adding the new key before removing the old.
+	// secretRef names the Secret holding the signing secret and the key(s) of it that
+	// sign deliveries.
 	// +required
-	SecretRef SecretReference `json:"secretRef"`
+	SecretRef SigningSecretReference `json:"secretRef"`
 
 	// header carrying the signature, for scheme HMACSHA256 (e.g. "X-Signature").
 	// +optional
@@ -96,6 +96,37 @@ type SignatureSpec struct {
 	// +optional
 	// +kubebuilder:default="5m"
 	Tolerance *metav1.Duration `json:"tolerance,omitempty"`
+}
+
+// SigningSecretReference names a Secret in the provider's namespace and the keys of it
+// whose values sign deliveries (docs/design.md §15). It only names keys: how a value is
+// decoded (raw bytes, "whsec_" base64...) is the signature scheme's business.
+type SigningSecretReference struct {
+	// name of the Secret, in the same namespace.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// keys names the Secret's data keys that sign deliveries, in the order they are
+	// tried. Name one; name two only while rotating (add the new key to the Secret, name
+	// it here beside the old one, switch the sender, then remove the old name and key).
+	// No other key of the Secret is ever used. A key named like a certificate or a
+	// private key (tls.crt, tls.key, ca.crt, *.pem, *.crt, *.key), a value that is PEM,
+	// or a Secret of type kubernetes.io/tls is refused: Ready=False, reason
+	// SigningKeyRefused, and deliveries are answered 503.
+	// When unset (providers created before this field), a Secret holding exactly one
+	// key signs with it; one holding several is refused (reason SigningKeysUnnamed)
+	// until they are named here.
+	// +optional
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=2
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=253
+	// +kubebuilder:validation:items:Pattern=`^[-._a-zA-Z0-9]+$`
+	// +listType=set
+	Keys []string `json:"keys,omitempty"`
 }
 
 // FieldSource locates a value in a delivery: a request header or a JSON path. A
@@ -481,7 +512,8 @@ type WebhookProviderStatus struct {
 	// +optional
 	EndpointPath string `json:"endpointPath,omitempty"`
 
-	// secretKeys is how many keys the signing Secret holds (each is tried).
+	// secretKeys is how many keys of the signing Secret sign deliveries: those named
+	// in spec.signature.secretRef.keys, or the Secret's only key when none is named.
 	// +optional
 	SecretKeys int32 `json:"secretKeys,omitempty"`
 
@@ -497,7 +529,9 @@ type WebhookProviderStatus struct {
 	// +optional
 	LastRejection *DeliveryRejection `json:"lastRejection,omitempty"`
 
-	// conditions: Ready is True when the secret exists and parses and every route is valid.
+	// conditions: Ready is True when the secret exists, the keys it signs with are usable
+	// (reasons SecretInvalid, SigningKeyRefused, SigningKeysUnnamed otherwise; deliveries
+	// are then answered 503) and every route is valid.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

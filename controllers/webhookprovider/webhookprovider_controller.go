@@ -26,7 +26,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/credentials"
 	"github.com/settlement-operator/settlement-operator/internal/extract"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
-	"github.com/settlement-operator/settlement-operator/internal/signature"
+	"github.com/settlement-operator/settlement-operator/internal/signingkeys"
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 )
 
@@ -34,7 +34,8 @@ import (
 const ControllerName = "webhookprovider"
 
 // Reconciler reports whether a provider can receive: its routes
-// compile, its signing Secret exists and every key in it is usable. It reads the
+// compile, its signing Secret exists and the keys it signs with are usable
+// (internal/signingkeys, the same selection the receiver verifies with). It reads the
 // Secret with a live GET (no cluster-wide Secret watch, so only `get` is needed) and
 // re-checks every SecretRecheckInterval to notice rotations and fixes.
 type Reconciler struct {
@@ -83,7 +84,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // or be fixed looks every few seconds; a Ready one only needs to notice rotations.
 func (r *Reconciler) interval(reason string) time.Duration {
 	switch reason {
-	case hooksv1alpha1.ReasonSecretNotFound, hooksv1alpha1.ReasonSecretInvalid, hooksv1alpha1.ReasonCredentialsNotAllowed:
+	case hooksv1alpha1.ReasonSecretNotFound, hooksv1alpha1.ReasonSecretInvalid, hooksv1alpha1.ReasonCredentialsNotAllowed,
+		hooksv1alpha1.ReasonSigningKeyRefused, hooksv1alpha1.ReasonSigningKeysUnnamed:
 		if r.SecretWaitInterval > 0 {
 			return r.SecretWaitInterval
 		}
@@ -120,28 +122,33 @@ func (r *Reconciler) check(ctx context.Context, p *hooksv1alpha1.WebhookProvider
 		}
 		return "", "", "", fmt.Errorf("read secret %s: %w", key, err)
 	}
-	usable := 0
-	for k, v := range s.Data {
-		if len(v) == 0 {
-			continue
+	// The receiver verifies with the same selection (internal/signingkeys), so what
+	// this condition says is what it accepts.
+	keys, err := signingkeys.Select(&s, p.Spec.Signature.SecretRef, cfg.Scheme)
+	if err != nil {
+		p.Status.SecretKeys = 0
+		refusal, ok := signingkeys.AsRefusal(err)
+		if !ok {
+			return "", "", "", fmt.Errorf("select signing keys of secret %s: %w", key, err)
 		}
-		// A key is usable if it can sign: the same decoding the verifier applies.
-		if _, err := signature.Sign(cfg, v, "probe", time.Unix(1, 0), []byte("{}")); err != nil {
-			return metav1.ConditionFalse, hooksv1alpha1.ReasonSecretInvalid,
-				fmt.Sprintf("key %q of Secret %q is not a valid %s secret", k, key.Name, cfg.Scheme), nil
-		}
-		usable++
+		return metav1.ConditionFalse, refusal.Reason, conditions.TruncateMessage(refusal.Message), nil
 	}
-	p.Status.SecretKeys = int32(usable)
-	if usable == 0 {
-		return metav1.ConditionFalse, hooksv1alpha1.ReasonSecretInvalid,
-			fmt.Sprintf("Secret %q holds no non-empty key", key.Name), nil
-	}
+	p.Status.SecretKeys = int32(len(keys.Names))
 	if status, reason, message, err := r.checkSinkCredentials(ctx, p); err != nil || status != "" {
 		return status, reason, message, err
 	}
-	return metav1.ConditionTrue, hooksv1alpha1.ReasonValid,
-		fmt.Sprintf("receiving at %s with %d signing key(s)", p.Status.EndpointPath, usable), nil
+	if keys.Implicit {
+		return metav1.ConditionTrue, hooksv1alpha1.ReasonValid, conditions.TruncateMessage(fmt.Sprintf(
+			"receiving at %s, signed with key %q, the only key of Secret %q; name it in spec.signature.secretRef.keys "+
+				"(keys: [%q]): once the Secret holds a second key, a provider that names none answers 503 until it does",
+			p.Status.EndpointPath, keys.Names[0], key.Name, keys.Names[0])), nil
+	}
+	what := "key"
+	if len(keys.Names) > 1 {
+		what = "keys" // a rotation: both sign until the old name is removed
+	}
+	return metav1.ConditionTrue, hooksv1alpha1.ReasonValid, conditions.TruncateMessage(fmt.Sprintf(
+		"receiving at %s, signed with %s %s of Secret %q", p.Status.EndpointPath, what, quotedList(keys.Names), key.Name)), nil
 }
 
 // checkSinkCredentials makes a route's job sink Secret that is missing or does not

@@ -402,7 +402,7 @@ func (fe *fuzzEnv) install(ctx context.Context, ns string) error {
 func fuzzProvider(ns string, tgt fuzzTarget) *hooksv1alpha1.WebhookProvider {
 	p := inferenceProvider(ns)
 	p.Name = tgt.provider
-	p.Spec.Signature = hooksv1alpha1.SignatureSpec{SecretRef: hooksv1alpha1.SecretReference{Name: tgt.provider + "-secret"}}
+	p.Spec.Signature = hooksv1alpha1.SignatureSpec{SecretRef: hooksv1alpha1.SigningSecretReference{Name: tgt.provider + "-secret"}}
 	p.Spec.EventID = hooksv1alpha1.EventIDSource{JSONPath: ".id"}
 	s := &p.Spec.Signature
 	switch tgt.sig.Scheme {

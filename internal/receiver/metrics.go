@@ -69,7 +69,7 @@ var (
 
 	signatureSecretIndex = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_receiver_signature_key_matches_total",
-		Help: "Verified deliveries by the WebhookProvider's namespace and name and the index (sorted by Secret key name) of the key that matched; an old key with no matches can be removed.",
+		Help: "Verified deliveries by the WebhookProvider's namespace and name and the position in spec.signature.secretRef.keys of the key that matched; an old key with no matches can be removed.",
 	}, []string{"namespace", "provider", "key_index"})
 )
 

@@ -35,6 +35,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/payload"
 	"github.com/settlement-operator/settlement-operator/internal/signature"
+	"github.com/settlement-operator/settlement-operator/internal/signingkeys"
 )
 
 // PathPrefix is where senders post: PathPrefix + "{namespace}/{provider}".
@@ -601,20 +602,34 @@ func badRequest(err error) answer {
 	return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: err.Error(), rejected: signedRejection(err)}
 }
 
-// verify checks the signature against the provider's secrets, refreshing them once
-// on a mismatch in case the sender already signs with a newly added key.
+// verify checks the signature against the keys the provider signs with
+// (internal/signingkeys: the same selection its Ready condition reports), refreshing
+// the Secret once on a mismatch in case the sender already signs with a newly added
+// key, or once when its keys are refused in case the Secret was just fixed.
 func (r *Receiver) verify(ctx context.Context, p *hooksv1alpha1.WebhookProvider, cfg signature.Config,
 	h http.Header, body []byte) (signature.Result, answer, bool) {
 	key := types.NamespacedName{Namespace: p.Namespace, Name: p.Spec.Signature.SecretRef.Name}
+	ref := p.Spec.Signature.SecretRef
 	apiCtx, cancel := context.WithTimeout(ctx, r.opts.APITimeout)
 	defer cancel()
-	secrets, fresh, err := r.secrets.get(apiCtx, key, false)
+	secret, fresh, err := r.secrets.get(apiCtx, key, false)
 	if err != nil {
 		log.FromContext(ctx).Error(err, "signing secret unavailable", "secret", key.Name)
 		return signature.Result{}, answer{code: http.StatusServiceUnavailable, outcome: OutcomeProviderNotReady,
 			message: "the provider's signing secret is unavailable; retry later", retryAfter: r.opts.RetryAfter}, false
 	}
-	res, err := signature.Verify(cfg, secrets, h, body, r.opts.Now())
+	keys, err := signingkeys.Select(secret, ref, cfg.Scheme)
+	if err != nil && !fresh {
+		// Bounded like a mismatch's refresh: at most one read per refreshAfter.
+		if again, refreshed, gerr := r.secrets.get(apiCtx, key, true); gerr == nil && refreshed {
+			keys, err = signingkeys.Select(again, ref, cfg.Scheme)
+			fresh = true
+		}
+	}
+	if err != nil {
+		return signature.Result{}, r.keysRefused(ctx, key, err), false
+	}
+	res, err := signature.Verify(cfg, keys.Values, h, body, r.opts.Now())
 	if errors.Is(err, signature.ErrSignatureMismatch) && !fresh {
 		again, refreshed, gerr := r.secrets.get(apiCtx, key, true)
 		if gerr != nil {
@@ -625,7 +640,11 @@ func (r *Receiver) verify(ctx context.Context, p *hooksv1alpha1.WebhookProvider,
 				message: "the provider's signing secret could not be refreshed; retry later", retryAfter: r.opts.RetryAfter}, false
 		}
 		if refreshed {
-			res, err = signature.Verify(cfg, again, h, body, r.opts.Now())
+			keys, serr := signingkeys.Select(again, ref, cfg.Scheme)
+			if serr != nil {
+				return signature.Result{}, r.keysRefused(ctx, key, serr), false
+			}
+			res, err = signature.Verify(cfg, keys.Values, h, body, r.opts.Now())
 		}
 	}
 	switch {
@@ -639,6 +658,21 @@ func (r *Receiver) verify(ctx context.Context, p *hooksv1alpha1.WebhookProvider,
 		// tolerance, mismatch): never a secret or the body.
 		return res, answer{code: http.StatusUnauthorized, outcome: OutcomeUnauthorized, message: err.Error(), rejected: rejectSignature}, false
 	}
+}
+
+// keysRefused answers a delivery to a provider whose signing keys the selection
+// refuses (the controller reports the same on Ready): our configuration's problem,
+// not the sender's, so 503 and it retries; nothing is stored.
+func (r *Receiver) keysRefused(ctx context.Context, key types.NamespacedName, err error) answer {
+	reason := hooksv1alpha1.ReasonSecretInvalid
+	if refusal, ok := signingkeys.AsRefusal(err); ok {
+		reason = refusal.Reason
+	}
+	// The reason only: the refusal's message names the Secret's keys, which an
+	// unauthenticated sender has no business learning (the Ready condition has it).
+	log.FromContext(ctx).Info("signing keys refused", "secret", key.Name, "reason", reason)
+	return answer{code: http.StatusServiceUnavailable, outcome: OutcomeProviderNotReady, retryAfter: r.opts.RetryAfter,
+		message: fmt.Sprintf("the provider's signing keys are not usable (%s); see its Ready condition; nothing was stored, retry later", reason)}
 }
 
 // compare answers a delivery whose event name already exists.

@@ -41,7 +41,8 @@ func inferenceProvider(ns string) *hooksv1alpha1.WebhookProvider {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference"},
 		Spec: hooksv1alpha1.WebhookProviderSpec{
 			Signature: hooksv1alpha1.SignatureSpec{
-				Scheme: hooksv1alpha1.SchemeStandardWebhooks, SecretRef: hooksv1alpha1.SecretReference{Name: "inference-secret"},
+				Scheme:    hooksv1alpha1.SchemeStandardWebhooks,
+				SecretRef: hooksv1alpha1.SigningSecretReference{Name: "inference-secret", Keys: []string{"current"}},
 			},
 			EventID:   hooksv1alpha1.EventIDSource{Header: "webhook-id"},
 			EventType: hooksv1alpha1.FieldSource{JSONPath: ".type"},
@@ -164,15 +165,20 @@ var _ = Describe("the receiver", func() {
 			Expect(r.Status).To(Equal(http.StatusOK), r.Body)
 		})
 
-		It("tries every key in the Secret, so a rotation loses no delivery", func() {
+		It("tries both named keys during a rotation, so it loses no delivery, and never an unnamed one", func() {
+			withNewKey := func(d *sender.Delivery) { d.Secret = []byte(swhSecret2) }
 			Expect(k8s.Patch(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-secret"},
 				StringData: map[string]string{"next": swhSecret2}}, client.Merge)).To(Succeed())
-			// Signed with the new key: accepted once the receiver re-reads the Secret
-			// (a mismatch refreshes a cached Secret older than a few seconds).
+			// In the Secret but not named: it signs nothing.
+			Expect(send(ns, "inference", "msg_rotated", completedV2, withNewKey).Status).To(Equal(http.StatusUnauthorized))
+
+			p := &hooksv1alpha1.WebhookProvider{}
+			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "inference"}, p)).To(Succeed())
+			p.Spec.Signature.SecretRef.Keys = []string{"current", "next"}
+			Expect(k8s.Update(ctx, p)).To(Succeed())
+			// Signed with the new key: accepted once the receiver sees the named key.
 			Eventually(func() int {
-				return send(ns, "inference", "msg_rotated", completedV2, func(d *sender.Delivery) {
-					d.Secret = []byte(swhSecret2)
-				}).Status
+				return send(ns, "inference", "msg_rotated", completedV2, withNewKey).Status
 			}).WithTimeout(15 * time.Second).WithPolling(time.Second).Should(Equal(http.StatusOK))
 			// The old key still works during the rotation.
 			Expect(send(ns, "inference", "msg_old_key", completedV2).Status).To(Equal(http.StatusOK))
@@ -438,7 +444,7 @@ var _ = Describe("other signature schemes", func() {
 	It("accepts a Stripe-format header with several v1 values when one matches", func() {
 		p := inferenceProvider(ns)
 		p.Spec.Signature = hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeStripe,
-			SecretRef: hooksv1alpha1.SecretReference{Name: "stripe-secret"}}
+			SecretRef: hooksv1alpha1.SigningSecretReference{Name: "stripe-secret"}}
 		p.Spec.EventID = hooksv1alpha1.EventIDSource{JSONPath: ".id"}
 		install(p, map[string]string{"key": "whsec_stripe_test_secret"})
 		body := strings.Replace(completedV2, `{"type"`, `{"id":"evt_1","type"`, 1)
@@ -462,7 +468,7 @@ var _ = Describe("other signature schemes", func() {
 	It("verifies a generic HMAC, derives the event ID from business fields and hashes only hashFields", func() {
 		p := inferenceProvider(ns)
 		p.Spec.Signature = hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeHMACSHA256,
-			SecretRef: hooksv1alpha1.SecretReference{Name: "hmac-secret"}, Header: "X-Signature", Prefix: "sha256=",
+			SecretRef: hooksv1alpha1.SigningSecretReference{Name: "hmac-secret"}, Header: "X-Signature", Prefix: "sha256=",
 			Encoding: hooksv1alpha1.EncodingHex, TimestampHeader: "X-Timestamp"}
 		p.Spec.EventID = hooksv1alpha1.EventIDSource{DerivedFrom: []string{".data.job_id", ".data.version"}}
 		p.Spec.HashFields = []string{".data"}
@@ -490,7 +496,7 @@ var _ = Describe("other signature schemes", func() {
 	It("answers 401 to a captured HMAC delivery replayed past the tolerance, and its timestamp cannot be refreshed", func() {
 		p := inferenceProvider(ns)
 		p.Spec.Signature = hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeHMACSHA256,
-			SecretRef: hooksv1alpha1.SecretReference{Name: "hmac-secret"}, Header: "X-Signature", TimestampHeader: "X-Timestamp"}
+			SecretRef: hooksv1alpha1.SigningSecretReference{Name: "hmac-secret"}, Header: "X-Signature", TimestampHeader: "X-Timestamp"}
 		p.Spec.EventID = hooksv1alpha1.EventIDSource{JSONPath: ".id"}
 		install(p, map[string]string{"key": "plain-hmac-secret"})
 		cfg := signature.Config{Scheme: signature.SchemeHMACSHA256, Header: "X-Signature", TimestampHeader: "X-Timestamp"}
@@ -522,7 +528,7 @@ var _ = Describe("other signature schemes", func() {
 	It("serves an HMAC sender without a timestamp only with the explicit opt-out", func() {
 		p := inferenceProvider(ns)
 		p.Spec.Signature = hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeHMACSHA256,
-			SecretRef: hooksv1alpha1.SecretReference{Name: "hmac-secret"}, Header: "X-Signature"}
+			SecretRef: hooksv1alpha1.SigningSecretReference{Name: "hmac-secret"}, Header: "X-Signature"}
 		p.Spec.EventID = hooksv1alpha1.EventIDSource{JSONPath: ".id"}
 		err := k8s.Create(ctx, p)
 		Expect(err).To(HaveOccurred())
@@ -540,7 +546,7 @@ var _ = Describe("other signature schemes", func() {
 	It("takes a CloudEvents binary-mode delivery's ID and type from its signed ce-id and ce-type headers", func() {
 		p := inferenceProvider(ns)
 		p.Spec.Signature = hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeHMACSHA256,
-			SecretRef: hooksv1alpha1.SecretReference{Name: "ce-secret"}, Header: "X-Signature", TimestampHeader: "X-Timestamp",
+			SecretRef: hooksv1alpha1.SigningSecretReference{Name: "ce-secret"}, Header: "X-Signature", TimestampHeader: "X-Timestamp",
 			SignedHeaders: []string{"ce-id", "ce-type"}}
 		p.Spec.EventID = hooksv1alpha1.EventIDSource{Header: "ce-id"}
 		p.Spec.EventType = hooksv1alpha1.FieldSource{Header: "ce-type"}

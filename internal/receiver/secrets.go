@@ -3,11 +3,11 @@ package receiver
 import (
 	"context"
 	"fmt"
-	"sort"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -23,8 +23,9 @@ import (
 // read succeeds or fails.
 //
 //   - A loaded Secret is used for ttl. A rotation (a key added to the Secret) is seen
-//     within ttl, or sooner: a signature mismatch refreshes an entry older than
-//     refreshAfter, so a sender that already signs with a new key is accepted promptly.
+//     within ttl, or sooner: a signature mismatch, or keys the provider names but the
+//     cached Secret cannot give, refresh an entry older than refreshAfter, so a sender
+//     that already signs with a new key is accepted promptly.
 //   - A failed read (the Secret is missing, the API server does not answer) is
 //     remembered for refreshAfter: forged deliveries to a provider whose Secret is
 //     missing cost one GET per refreshAfter, not one each.
@@ -45,8 +46,11 @@ type secretCache struct {
 }
 
 type secretEntry struct {
-	keys    [][]byte  // the last keys read, nil if none was ever read
-	fetched time.Time // when keys were read
+	// secret is the last Secret read (its type and data only), nil if none was ever
+	// read. Which of its keys sign is decided per provider (internal/signingkeys):
+	// two providers may share a Secret and name different keys.
+	secret  *corev1.Secret
+	fetched time.Time // when secret was read
 	tried   time.Time // when the last read (successful or not) started
 	err     error     // the last read's error, nil if it succeeded
 	loading chan struct{}
@@ -65,10 +69,11 @@ type errSecretUnavailable struct{ err error }
 func (e errSecretUnavailable) Error() string { return e.err.Error() }
 func (e errSecretUnavailable) Unwrap() error { return e.err }
 
-// get returns the Secret's values ordered by key name, and whether they were read for
-// this call (fresh). refresh asks for keys newer than refreshAfter (used after a
-// signature mismatch); it is honoured only if the last read is older than that.
-func (c *secretCache) get(ctx context.Context, key types.NamespacedName, refresh bool) ([][]byte, bool, error) {
+// get returns the Secret (its name, type and data; shared, never to be modified),
+// and whether it was read for this call (fresh). refresh asks for a Secret newer than
+// refreshAfter (used after a signature mismatch or refused keys); it is honoured only
+// if the last read is older than that.
+func (c *secretCache) get(ctx context.Context, key types.NamespacedName, refresh bool) (*corev1.Secret, bool, error) {
 	c.mu.Lock()
 	e, ok := c.entries[key]
 	if !ok {
@@ -89,32 +94,32 @@ func (c *secretCache) get(ctx context.Context, key types.NamespacedName, refresh
 		if e.err != nil {
 			return nil, false, e.err
 		}
-		return e.keys, true, nil
+		return e.secret, true, nil
 	}
 	now := c.now()
 	recentlyTried := !e.tried.IsZero() && now.Sub(e.tried) < c.refreshAfter
 	switch {
-	case recentlyTried && e.err != nil && (refresh || e.keys == nil || now.Sub(e.fetched) >= c.ttl):
+	case recentlyTried && e.err != nil && (refresh || e.secret == nil || now.Sub(e.fetched) >= c.ttl):
 		// The read this call would make failed a moment ago: our failure (503).
 		err := e.err
 		c.mu.Unlock()
 		return nil, false, err
-	case e.keys != nil && now.Sub(e.fetched) < c.ttl && (!refresh || recentlyTried):
-		keys := e.keys
+	case e.secret != nil && now.Sub(e.fetched) < c.ttl && (!refresh || recentlyTried):
+		secret := e.secret
 		c.mu.Unlock()
-		return keys, false, nil
+		return secret, false, nil
 	}
 	done := make(chan struct{})
 	e.loading, e.tried = done, now
 	c.mu.Unlock()
 
-	keys, err := c.read(ctx, key)
+	secret, err := c.read(ctx, key)
 
 	c.mu.Lock()
 	if err != nil {
 		e.err = err
 	} else {
-		e.keys, e.fetched, e.err = keys, now, nil
+		e.secret, e.fetched, e.err = secret, now, nil
 	}
 	e.loading = nil
 	close(done)
@@ -122,26 +127,17 @@ func (c *secretCache) get(ctx context.Context, key types.NamespacedName, refresh
 	if err != nil {
 		return nil, false, err
 	}
-	return keys, true, nil
+	return secret, true, nil
 }
 
-func (c *secretCache) read(ctx context.Context, key types.NamespacedName) ([][]byte, error) {
+// read returns the Secret with only what selecting its keys needs: its name, type and
+// data (no labels, annotations or managed fields kept in memory).
+func (c *secretCache) read(ctx context.Context, key types.NamespacedName) (*corev1.Secret, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
 	defer cancel()
 	var s corev1.Secret
 	if err := c.reader.Get(ctx, key, &s); err != nil {
 		return nil, errSecretUnavailable{fmt.Errorf("read signing secret %s: %w", key, err)}
 	}
-	names := make([]string, 0, len(s.Data))
-	for k, v := range s.Data {
-		if len(v) > 0 {
-			names = append(names, k)
-		}
-	}
-	sort.Strings(names)
-	keys := make([][]byte, 0, len(names))
-	for _, k := range names {
-		keys = append(keys, s.Data[k])
-	}
-	return keys, nil
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: s.Namespace, Name: s.Name}, Type: s.Type, Data: s.Data}, nil
 }

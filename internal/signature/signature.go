@@ -277,6 +277,14 @@ type indexedKey struct {
 	key   []byte
 }
 
+// CheckSecret reports whether secret is usable by scheme, decoded as Verify decodes
+// it, so that a controller can refuse a key before a delivery needs it. The error
+// says what is wrong without echoing any part of the secret.
+func CheckSecret(scheme string, secret []byte) error {
+	_, err := decodeSecret(scheme, secret)
+	return err
+}
+
 // decodeSecret turns a stored secret into HMAC key bytes. Error messages describe
 // the problem without echoing any part of the secret.
 func decodeSecret(scheme string, secret []byte) ([]byte, error) {

@@ -73,7 +73,7 @@ func sampleProvider(ns, name string) *hooksv1alpha1.WebhookProvider {
 		Spec: hooksv1alpha1.WebhookProviderSpec{
 			Signature: hooksv1alpha1.SignatureSpec{
 				Scheme:    hooksv1alpha1.SchemeStandardWebhooks,
-				SecretRef: hooksv1alpha1.SecretReference{Name: "s"},
+				SecretRef: hooksv1alpha1.SigningSecretReference{Name: "s"},
 			},
 			EventID:   hooksv1alpha1.EventIDSource{Header: "webhook-id"},
 			EventType: hooksv1alpha1.FieldSource{JSONPath: ".type"},
@@ -249,6 +249,24 @@ var _ = Describe("WebhookProvider validation", func() {
 	var ns string
 	BeforeEach(func() { ns = newNamespace() })
 
+	It("takes one or two signing key names, each a Secret data key, none twice", func() {
+		for i, keys := range [][]string{{"current"}, {"current", "next"}, {"whsec.v2_key-1"}} {
+			p := sampleProvider(ns, fmt.Sprintf("keys-%d", i))
+			p.Spec.Signature.SecretRef.Keys = keys
+			Expect(k8s.Create(ctx, p)).To(Succeed(), "keys %v", keys)
+		}
+		for want, keys := range map[string][]string{
+			"must have at most 2 items":  {"a", "b", "c"},
+			"should be at least 1 chars": {""},
+			"should match":               {"a/b"},
+			"Duplicate value":            {"a", "a"},
+		} {
+			p := sampleProvider(ns, "bad-keys")
+			p.Spec.Signature.SecretRef.Keys = keys
+			expectInvalid(k8s.Create(ctx, p), want)
+		}
+	})
+
 	It("accepts a minimal provider and fills in the defaults", func() {
 		p := sampleProvider(ns, "minimal")
 		Expect(k8s.Create(ctx, p)).To(Succeed())
@@ -288,7 +306,7 @@ var _ = Describe("WebhookProvider validation", func() {
 		hmac := func(name string) *hooksv1alpha1.WebhookProvider {
 			p := sampleProvider(ns, name)
 			p.Spec.Signature = hooksv1alpha1.SignatureSpec{Scheme: hooksv1alpha1.SchemeHMACSHA256,
-				SecretRef: hooksv1alpha1.SecretReference{Name: "s"}, Header: "X-Signature", TimestampHeader: "X-Timestamp"}
+				SecretRef: hooksv1alpha1.SigningSecretReference{Name: "s"}, Header: "X-Signature", TimestampHeader: "X-Timestamp"}
 			p.Spec.EventID = hooksv1alpha1.EventIDSource{JSONPath: ".id"}
 			return p
 		}
@@ -673,16 +691,20 @@ var _ = Describe("what an operator sees", func() {
 		Expect(out).To(ContainSubstring("idempotencyKey"))
 		Expect(out).To(ContainSubstring("sent with every attempt and replay"))
 
-		out, errOut, err = runKubectl("explain", "webhookprovider.spec.signature.secretRef")
+		out, errOut, err = runKubectl("explain", "webhookprovider.spec.signature.secretRef.keys")
 		Expect(err).NotTo(HaveOccurred(), errOut)
-		Expect(out).To(ContainSubstring("rotated"))
+		text := strings.Join(strings.Fields(out), " ")
+		for _, want := range []string{"name two only while rotating", "No other key of the Secret is ever used",
+			"kubernetes.io/tls is refused", "SigningKeyRefused", "SigningKeysUnnamed"} {
+			Expect(text).To(ContainSubstring(want))
+		}
 
 		// The expression environment of route conditions.
 		for _, field := range []string{"webhookprovider.spec.routes.when", "webhookprovider.spec.routes.operations.when"} {
 			out, errOut, err = runKubectl("explain", field)
 			Expect(err).NotTo(HaveOccurred(), errOut)
 			// kubectl wraps the text itself: compare with the line breaks as spaces.
-			text := strings.Join(strings.Fields(out), " ")
+			text = strings.Join(strings.Fields(out), " ")
 			for _, want := range []string{"- payload:", "jobState(string) -> string", "1,000,000 CEL cost units",
 				"must have type bool", "Ready=False (InvalidSpec)", "answered 400", "Examples:"} {
 				Expect(text).To(ContainSubstring(want), field)
