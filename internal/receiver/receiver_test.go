@@ -19,6 +19,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
@@ -172,10 +173,10 @@ var _ = Describe("the receiver", func() {
 			// In the Secret but not named: it signs nothing.
 			Expect(send(ns, "inference", "msg_rotated", completedV2, withNewKey).Status).To(Equal(http.StatusUnauthorized))
 
-			p := &hooksv1alpha1.WebhookProvider{}
-			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "inference"}, p)).To(Succeed())
-			p.Spec.Signature.SecretRef.Keys = []string{"current", "next"}
-			Expect(k8s.Update(ctx, p)).To(Succeed())
+			// A merge patch, not an update: the provider's status is written meanwhile,
+			// and an update from a stale read would conflict.
+			Expect(k8s.Patch(ctx, &hooksv1alpha1.WebhookProvider{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference"}},
+				client.RawPatch(types.MergePatchType, []byte(`{"spec":{"signature":{"secretRef":{"keys":["current","next"]}}}}`)))).To(Succeed())
 			// Signed with the new key: accepted once the receiver sees the named key.
 			Eventually(func() int {
 				return send(ns, "inference", "msg_rotated", completedV2, withNewKey).Status
