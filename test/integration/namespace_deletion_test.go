@@ -126,4 +126,26 @@ var _ = Describe("a namespace deleted without an archive and created again", fun
 			ContainElements(hooksv1alpha1.ReasonPresentedBeforeNamespaceDeletion, hooksv1alpha1.ReasonPresentedBeforeNamespaceDeletion),
 			"a Warning on each says why it asked first")
 	})
+
+	It("sends nothing to a provider that cannot be asked (Stripe meter events) for a job of its earlier life", func() {
+		fake := startFakeStripe()
+		ns := stripeTenantOn(fake)
+		sendOK(ns, "msg_nsdel_meter", jobEvent("job-nsdel-meter", 1, 70))
+		Eventually(settlementState(ns, "job-nsdel-meter")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		Expect(fake.MeterEvents()).To(HaveLen(1))
+
+		deleteNamespace(ns)
+		fake.ForgetKeys() // Stripe's 24 hours pass: a duplicate identifier is a new meter event
+		tenantIn(ns, stripeAPIKey, stripeBilling(fake), withLines)
+		sendOK(ns, "msg_nsdel_meter", jobEvent("job-nsdel-meter", 1, 70))
+
+		// Its facts would say "never presented" (nothing in the cluster or an archive
+		// holds it): the tombstone says otherwise, and Stripe cannot be asked whether it
+		// holds the meter event, so a human checks the dashboard.
+		Eventually(settlementState(ns, "job-nsdel-meter")).Should(Equal(hooksv1alpha1.SettlementRequiresReconciliation))
+		bs := settlementOf(ns, "job-nsdel-meter")
+		Expect(bs.Status.Attempts).To(BeZero(), "nothing was sent")
+		Expect(condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady).Reason).To(Equal(hooksv1alpha1.ReasonProviderCannotAnswer))
+		Consistently(fake.MeterEvents).WithTimeout(3*time.Second).Should(HaveLen(1), "charged again in the namespace's second life")
+	})
 })
