@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"net/http"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -16,6 +17,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/tombstone"
 )
 
 // deleteNamespace deletes ns the way a cluster does, and waits until it is gone so a
@@ -147,5 +149,56 @@ var _ = Describe("a namespace deleted without an archive and created again", fun
 		Expect(bs.Status.Attempts).To(BeZero(), "nothing was sent")
 		Expect(condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady).Reason).To(Equal(hooksv1alpha1.ReasonProviderCannotAnswer))
 		Consistently(fake.MeterEvents).WithTimeout(3*time.Second).Should(HaveLen(1), "charged again in the namespace's second life")
+	})
+
+	It("holds a settlement whose tombstone cannot be written, says why, and lets it go once it can", func() {
+		ns := newTenant()
+		sendOK(ns, "msg_nsdel_full", jobEvent("job-nsdel-full", 1, 90))
+		Eventually(settlementState(ns, "job-nsdel-full")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		bs := settlementOf(ns, "job-nsdel-full")
+		// The namespace's tombstone ConfigMap that would take it is full.
+		full := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: operatorNamespace,
+			Name:   tombstone.ConfigMapName(tombstones.Prefix, ns, bs.Name),
+			Labels: map[string]string{hooksv1alpha1.LabelTombstonesOf: ns}},
+			Data: map[string]string{"filler": strings.Repeat("x", tombstone.MaxBytes)}}
+		Expect(k8s.Create(ctx, full)).To(Succeed())
+
+		namespace := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
+		Expect(k8s.Delete(ctx, namespace)).To(Succeed())
+		Expect(k8s.DeleteAllOf(ctx, &hooksv1alpha1.BillingSettlement{}, client.InNamespace(ns))).To(Succeed())
+		Eventually(func(g Gomega) {
+			got := &hooksv1alpha1.BillingSettlement{}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(bs), got)).To(Succeed())
+			ready := condition(got.Status.Conditions, hooksv1alpha1.ConditionReady)
+			g.Expect(ready).NotTo(BeNil())
+			g.Expect(ready.Reason).To(Equal(hooksv1alpha1.ReasonTombstoneNotWritten))
+			g.Expect(ready.Message).To(And(ContainSubstring("tombstones are full"), ContainSubstring("configure an archive")))
+		}).Should(Succeed())
+		Consistently(func() []string {
+			got := &hooksv1alpha1.BillingSettlement{}
+			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(bs), got)).To(Succeed())
+			return got.Finalizers
+		}).WithTimeout(3*time.Second).Should(ContainElement(hooksv1alpha1.FinalizerSettlementProtection),
+			"a settled charge never leaves without a record of its key")
+
+		// Once there is room, a reconcile request (allowed in a namespace being deleted)
+		// retries at once rather than at the next recheck.
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(full), full)).To(Succeed())
+		delete(full.Data, "filler")
+		Expect(k8s.Update(ctx, full)).To(Succeed())
+		got := &hooksv1alpha1.BillingSettlement{}
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(bs), got)).To(Succeed())
+		patch := client.MergeFrom(got.DeepCopy())
+		metav1.SetMetaDataAnnotation(&got.ObjectMeta, hooksv1alpha1.AnnotationReconcileRequest, "room-made")
+		Expect(k8s.Patch(ctx, got, patch)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{}))
+		}).Should(BeTrue())
+		t, name, err := tombstones.Find(ctx, ns, bs.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(name).To(Equal(bs.Name))
+		Expect(t.IdempotencyKey).To(Equal(bs.Spec.IdempotencyKey))
+		Expect(t.State).To(Equal(hooksv1alpha1.SettlementSettled))
+		Expect(t.ProviderRef).To(Equal(bs.Status.ProviderRef))
 	})
 })
