@@ -169,6 +169,8 @@ func (r *Reconciler) initExposure(ctx context.Context, s *settlementScope) (ctrl
 		if fresh, err = r.notPresentedBeforeNamespaceDeletion(ctx, s); err != nil {
 			return ctrl.Result{}, err
 		}
+	} else if s.tombstone != nil {
+		r.warnPresentedBefore(s) // neverPresented found it
 	}
 	st.Exposure = hooksv1alpha1.ExposurePossible
 	if fresh {

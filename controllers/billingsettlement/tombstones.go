@@ -49,17 +49,25 @@ func (r *Reconciler) presentedBefore(ctx context.Context, s *settlementScope) (*
 // Warning and a Ready condition that say so (the decision then asks the provider by
 // key before anything is sent).
 func (r *Reconciler) notPresentedBeforeNamespaceDeletion(ctx context.Context, s *settlementScope) (bool, error) {
-	t, name, err := r.presentedBefore(ctx, s)
-	if err != nil || t == nil {
-		return err == nil, err
+	t, _, err := r.presentedBefore(ctx, s)
+	if err != nil {
+		return false, err
 	}
-	bs := s.bs
+	if t != nil {
+		r.warnPresentedBefore(s)
+	}
+	return t == nil, nil
+}
+
+// warnPresentedBefore says, once as its exposure is decided, that s's settlement
+// starts at Possible because a tombstone holds its name (presentedBefore found it).
+func (r *Reconciler) warnPresentedBefore(s *settlementScope) {
+	bs, t, name := s.bs, s.tombstone, s.tombstoneName
 	msg := conditions.TruncateMessage(fmt.Sprintf("settlement %s of this namespace presented key %s (%s, provider reference %q) before the namespace was deleted without an archive "+
 		"(tombstone in ConfigMap %s, %s): this one is not taken for never presented, and the provider is asked by key before anything is sent",
 		name, t.IdempotencyKey, settlement.StateOrNew(t.State), t.ProviderRef, r.Tombstones.Where(bs.Namespace, name), t.DeletedAt.UTC().Format(time.RFC3339)))
 	r.Recorder.Eventf(bs, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonPresentedBeforeNamespaceDeletion, "Validate", "%s", msg)
 	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonPresentedBeforeNamespaceDeletion, msg)
-	return false, nil
 }
 
 // recordTombstone writes the tombstone of a settlement leaving without an archive

@@ -129,26 +129,46 @@ var _ = Describe("a namespace deleted without an archive and created again", fun
 			"a Warning on each says why it asked first")
 	})
 
-	It("sends nothing to a provider that cannot be asked (Stripe meter events) for a job of its earlier life", func() {
+	It("sends nothing to a provider that cannot be asked (Stripe meter events) for a charge of its earlier life", func() {
 		fake := startFakeStripe()
-		ns := stripeTenantOn(fake)
+		ns := stripeTenantOn(fake, withUsageItems)
+		usage := `{"type":"usage.reported","data":{"customer":"cus_nsdel","items":[{"id":"u-nsdel","n":40}]}}`
+		itemSettlement := &hooksv1alpha1.BillingSettlement{ObjectMeta: metav1.ObjectMeta{Namespace: ns,
+			Name: identity.SettlementNameFor("inference", identity.FieldsSettlementKey(ns, "inference", "u-nsdel"))}}
+		itemState := func() hooksv1alpha1.SettlementState {
+			got := &hooksv1alpha1.BillingSettlement{}
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(itemSettlement), got); err != nil {
+				return ""
+			}
+			return got.Status.State
+		}
+		// A job's charge (created with its job: fresh) and a keyFrom charge (fresh by
+		// the facts: nothing holds its name or keys).
 		sendOK(ns, "msg_nsdel_meter", jobEvent("job-nsdel-meter", 1, 70))
+		sendOK(ns, "msg_nsdel_usage", usage)
 		Eventually(settlementState(ns, "job-nsdel-meter")).Should(Equal(hooksv1alpha1.SettlementSettled))
-		Expect(fake.MeterEvents()).To(HaveLen(1))
+		Eventually(itemState).Should(Equal(hooksv1alpha1.SettlementSettled))
+		Expect(fake.MeterEvents()).To(HaveLen(2))
 
 		deleteNamespace(ns)
 		fake.ForgetKeys() // Stripe's 24 hours pass: a duplicate identifier is a new meter event
-		tenantIn(ns, stripeAPIKey, stripeBilling(fake), withLines)
+		tenantIn(ns, stripeAPIKey, stripeBilling(fake), withLines, withUsageItems)
 		sendOK(ns, "msg_nsdel_meter", jobEvent("job-nsdel-meter", 1, 70))
+		sendOK(ns, "msg_nsdel_usage", usage)
 
-		// Its facts would say "never presented" (nothing in the cluster or an archive
-		// holds it): the tombstone says otherwise, and Stripe cannot be asked whether it
-		// holds the meter event, so a human checks the dashboard.
+		// Their facts would say "never presented" (nothing in the cluster or an archive
+		// holds them): the tombstones say otherwise, and Stripe cannot be asked whether
+		// it holds a meter event, so a human checks the dashboard.
 		Eventually(settlementState(ns, "job-nsdel-meter")).Should(Equal(hooksv1alpha1.SettlementRequiresReconciliation))
-		bs := settlementOf(ns, "job-nsdel-meter")
-		Expect(bs.Status.Attempts).To(BeZero(), "nothing was sent")
-		Expect(condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady).Reason).To(Equal(hooksv1alpha1.ReasonProviderCannotAnswer))
-		Consistently(fake.MeterEvents).WithTimeout(3*time.Second).Should(HaveLen(1), "charged again in the namespace's second life")
+		Eventually(itemState).Should(Equal(hooksv1alpha1.SettlementRequiresReconciliation))
+		for _, bs := range []*hooksv1alpha1.BillingSettlement{settlementOf(ns, "job-nsdel-meter"), get(itemSettlement)} {
+			Expect(bs.Status.Attempts).To(BeZero(), "%s: nothing was sent", bs.Name)
+			Expect(condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady).Reason).To(Equal(hooksv1alpha1.ReasonProviderCannotAnswer))
+		}
+		Consistently(fake.MeterEvents).WithTimeout(3*time.Second).Should(HaveLen(2), "charged again in the namespace's second life")
+		Eventually(func() []string { return recordEventReasons(ns) }).Should(
+			ContainElements(hooksv1alpha1.ReasonPresentedBeforeNamespaceDeletion, hooksv1alpha1.ReasonPresentedBeforeNamespaceDeletion),
+			"a Warning on each says why it was not sent as new")
 	})
 
 	It("holds a settlement whose tombstone cannot be written, says why, and lets it go once it can", func() {
