@@ -38,6 +38,10 @@ func (r *Reconciler) presentedBefore(ctx context.Context, s *settlementScope) (*
 	names, _ := settlement.OperationIdentities(bs.Namespace, bs.Name, bs.Spec.SettlementKey, bs.Spec.IdempotencyKey)
 	t, name, err := r.Tombstones.Find(ctx, bs.Namespace, names...)
 	if err != nil {
+		// Nothing is sent as new until they answer (the API server, or the manager's
+		// Role on ConfigMaps in its namespace): retried with backoff.
+		r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonAPIServerFailure,
+			conditions.TruncateMessage("nothing is sent until the tombstones of deleted namespaces say whether this key was presented before: "+err.Error()))
 		return nil, "", fmt.Errorf("ask the tombstones whether billingsettlement %s was presented before: %w", bs.Name, err)
 	}
 	s.tombstone, s.tombstoneName, s.tombstoneAsked = t, name, true
