@@ -30,6 +30,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
@@ -101,13 +103,26 @@ func (k *Keeper) now() time.Time {
 	return time.Now()
 }
 
+// contended is how often Record tries again when another writer got to the same
+// ConfigMap first: a namespace's deletion releases all its settlements at once, and
+// they share 16 ConfigMaps.
+var contended = wait.Backoff{Steps: 8, Duration: 20 * time.Millisecond, Factor: 1.5, Jitter: 1}
+
 // Record writes bs's tombstone, unless one is there already. It returns ErrOff when
 // the keeper keeps none and ErrFull when the ConfigMap is full; any other error is
-// the API server's (a conflict included: call again).
+// the API server's (a conflict that lasted past a few tries included: call again).
 func (k *Keeper) Record(ctx context.Context, bs *hooksv1alpha1.BillingSettlement) error {
 	if k.Off() {
 		return ErrOff
 	}
+	return retry.OnError(contended, func(err error) bool {
+		return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)
+	}, func() error { return k.record(ctx, bs) })
+}
+
+// record is one try of Record: read the ConfigMap, add the entry, write it with the
+// resourceVersion read.
+func (k *Keeper) record(ctx context.Context, bs *hooksv1alpha1.BillingSettlement) error {
 	t := Tombstone{IdempotencyKey: bs.Spec.IdempotencyKey, State: bs.Status.State, ProviderRef: bs.Status.ProviderRef,
 		DeletedAt: metav1.NewTime(k.now().UTC().Truncate(time.Second))}
 	value, err := json.Marshal(t)

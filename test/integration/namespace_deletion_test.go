@@ -1,8 +1,10 @@
 package integration_test
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -220,5 +222,31 @@ var _ = Describe("a namespace deleted without an archive and created again", fun
 		Expect(t.IdempotencyKey).To(Equal(bs.Spec.IdempotencyKey))
 		Expect(t.State).To(Equal(hooksv1alpha1.SettlementSettled))
 		Expect(t.ProviderRef).To(Equal(bs.Status.ProviderRef))
+	})
+
+	It("keeps every tombstone when a namespace's settlements leave at once", func() {
+		// A namespace's deletion releases all its settlements together, and they share
+		// its 16 tombstone ConfigMaps: no writer may lose another's entry.
+		const ns, n = "nsdel-many", 64
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				bs := &hooksv1alpha1.BillingSettlement{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("inference-stl-%03d", i)},
+					Spec:   hooksv1alpha1.BillingSettlementSpec{IdempotencyKey: fmt.Sprintf("stl_%03d", i)},
+					Status: hooksv1alpha1.BillingSettlementStatus{State: hooksv1alpha1.SettlementSettled}}
+				errs[i] = tombstones.Record(ctx, bs)
+			}()
+		}
+		wg.Wait()
+		for i := range n {
+			Expect(errs[i]).NotTo(HaveOccurred(), "settlement %d", i)
+			t, _, err := tombstones.Find(ctx, ns, fmt.Sprintf("inference-stl-%03d", i))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(t).NotTo(BeNil(), "settlement %d", i)
+			Expect(t.IdempotencyKey).To(Equal(fmt.Sprintf("stl_%03d", i)))
+		}
 	})
 })
