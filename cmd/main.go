@@ -42,6 +42,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 	"github.com/settlement-operator/settlement-operator/internal/receiver"
 	"github.com/settlement-operator/settlement-operator/internal/sharding"
+	"github.com/settlement-operator/settlement-operator/internal/tombstone"
 )
 
 var scheme = runtime.NewScheme()
@@ -149,7 +150,7 @@ func main() {
 	flag.StringVar(&leaderElectionID, "leader-election-id", "settlement-operator.hooks.settlement.dev",
 		"Name of the leader-election Lease; deployments sharding tenants with --watch-namespaces in one namespace need one each.")
 	flag.StringVar(&operatorNamespace, "operator-namespace", os.Getenv("POD_NAMESPACE"),
-		"The operator's own namespace (default: $POD_NAMESPACE), where it records which archive it archives to.")
+		"The operator's own namespace (default: $POD_NAMESPACE), where it records which archive it archives to and, without an archive, the tombstones of settlements deleted with their namespace.")
 	flag.StringVar(&watchNamespaces, "watch-namespaces", "",
 		"Comma-separated namespaces this deployment serves (receiver and controllers); empty: all. Lets several deployments shard tenants.")
 	opts := zap.Options{Development: false}
@@ -212,6 +213,16 @@ func main() {
 		os.Exit(1)
 	}
 
+	// Reads and writes of the operator's own ConfigMaps go to the API server: no cache to lag.
+	direct, err := client.New(mgr.GetConfig(), client.Options{Scheme: scheme})
+	if err != nil {
+		log.Error(err, "unable to create a client")
+		os.Exit(1)
+	}
+	// Tombstones of settlements deleted without an archive (docs/design.md §8): kept
+	// whenever there is an operator namespace, and read with an archive too, since
+	// tombstones written before the archive was configured still count.
+	tombstones := &tombstone.Keeper{Client: direct, Namespace: operatorNamespace, Prefix: leaderElectionID}
 	var store *archive.Store
 	var watermark *archivewatermark.Keeper
 	if archiveURL != "" {
@@ -221,11 +232,6 @@ func main() {
 			os.Exit(1)
 		}
 		defer store.Close()
-		direct, err := client.New(mgr.GetConfig(), client.Options{Scheme: scheme})
-		if err != nil {
-			log.Error(err, "unable to create a client")
-			os.Exit(1)
-		}
 		// The watermark of what was archived, beside the archive's identity: every
 		// replica compares the archive with it; the leader moves it forward.
 		watermark = &archivewatermark.Keeper{Client: direct, Archive: store, Namespace: operatorNamespace,
@@ -256,6 +262,11 @@ func main() {
 					"to run without it on purpose (archived events and keys would then be processed again)")
 				os.Exit(1)
 			}
+		}
+		if tombstones.Off() {
+			log.Info("no archive and no --operator-namespace: a settlement that presented its key and is deleted " +
+				"(with its namespace) stays held, reason TombstoneNotWritten, since nothing outside the namespace could " +
+				"record its key (docs/runbook.md, \"Deleting a namespace\")")
 		}
 		// Say what running without an archive implies (docs/capacity.md has the numbers).
 		log.Info("archive off: every JobCompletion and BillingSettlement stays in etcd and in this manager's memory; " +
@@ -290,7 +301,7 @@ func main() {
 	if err := (&billingsettlement.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: settlementWorkers, Archive: store, Watermark: watermark,
 		Recorder: mgr.GetEventRecorder(billingsettlement.ControllerName), TransitionEvents: transitionEvents,
-		Health: health,
+		Health: health, Tombstones: tombstones,
 	}).SetupWithManager(mgr); err != nil {
 		log.Error(err, "unable to set up controller", "controller", billingsettlement.ControllerName)
 		os.Exit(1)

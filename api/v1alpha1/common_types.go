@@ -253,3 +253,24 @@ const (
 	// the archive's identity ConfigMap).
 	ReasonArchiveBehindConfirmed = "ArchiveBehindConfirmed"
 )
+
+// A namespace deleted without an archive (docs/design.md §8): the settlements that
+// presented their key leave a tombstone — their name and idempotency key — in the
+// operator's namespace, and a namespace created again under the same name never takes
+// one of those keys for one never presented.
+const (
+	// LabelTombstonesOf is on every tombstone ConfigMap, in the operator's namespace;
+	// its value is the namespace whose settlements it records (kubectl get configmaps
+	// -l hooks.settlement.dev/tombstones-of=<namespace>).
+	LabelTombstonesOf = "hooks.settlement.dev/tombstones-of"
+	// ReasonTombstoneNotWritten: a settlement being deleted without an archive that
+	// presented its key keeps its finalizer until its tombstone is written; the
+	// message says why it is not (no operator namespace, the namespace's tombstones
+	// full, the API server refused).
+	ReasonTombstoneNotWritten = "TombstoneNotWritten"
+	// ReasonPresentedBeforeNamespaceDeletion: a settlement of this name and key
+	// presented its key before its namespace was deleted without an archive (a
+	// tombstone holds it): this one is not taken as never presented, and the provider
+	// is asked by key before anything is sent.
+	ReasonPresentedBeforeNamespaceDeletion = "PresentedBeforeNamespaceDeletion"
+)

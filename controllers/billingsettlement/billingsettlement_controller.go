@@ -26,6 +26,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/index"
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
+	"github.com/settlement-operator/settlement-operator/internal/tombstone"
 )
 
 // ControllerName names the controller in logs and metrics.
@@ -65,6 +66,12 @@ type Reconciler struct {
 	// Watermark is moved past a settlement the deletion path archives, before its
 	// finalizer goes (internal/archivewatermark; nil: not kept).
 	Watermark *archivewatermark.Keeper
+	// Tombstones, without an archive, records the name and key of a settlement that
+	// presented its key before its finalizer goes, and is read before a settlement is
+	// taken for never presented: a namespace deleted and created again under the same
+	// name derives the same keys (internal/tombstone, docs/design.md §8). Nil keeps
+	// none: such a settlement is then held when deleted.
+	Tombstones *tombstone.Keeper
 	// TransitionEvents records a Normal Kubernetes Event for every routine step of a
 	// charge (submitted, settled). Off by default: Events are for what a human acts on
 	// (warnings, dead letters, replays), and two routine Events per charge were a fifth
@@ -104,6 +111,10 @@ type settlementScope struct {
 	caps billing.Capabilities
 	// neverPresented caches neverPresented's answer for the reconcile (nil: not asked).
 	neverPresented *bool
+	// tombstone caches presentedBefore's answer for the reconcile (asked: it was read).
+	tombstone      *tombstone.Tombstone
+	tombstoneName  string
+	tombstoneAsked bool
 	// target is where the provider points now (compared with status.sentTo).
 	target hooksv1alpha1.ProviderTarget
 	now    time.Time

@@ -322,7 +322,8 @@ func (s *settlementScope) dateUsage() {
 }
 
 // release drops the protection finalizer of a settlement being deleted: the decision
-// found nothing can be pending at the provider under its key.
+// found nothing can be pending at the provider under its key. What presented its key
+// leaves a record first: in the archive, or without one a tombstone.
 func (r *Reconciler) release(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
 	bs := s.bs
 	if r.Archive != nil && !settlement.NeverSent(bs) && controllerutil.ContainsFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection) {
@@ -346,6 +347,13 @@ func (r *Reconciler) release(ctx context.Context, s *settlementScope) (ctrl.Resu
 			r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonArchiveUnavailable,
 				"deletion waits for the archive: a settlement leaves the cluster only once it is archived and read back")
 			return ctrl.Result{RequeueAfter: archivelookup.RetryInterval}, nil
+		}
+	}
+	if r.Archive == nil && !settlement.NeverSent(bs) && controllerutil.ContainsFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection) {
+		// Without an archive, a settlement that presented its key leaves a tombstone
+		// first: its namespace, created again, derives the same key (tombstones.go).
+		if res, held, err := r.recordTombstone(ctx, s); held || err != nil {
+			return res, err
 		}
 	}
 	if _, err := statuspatch.Patch(ctx, r.Client, bs, s.before, false); err != nil && !apierrors.IsNotFound(err) {

@@ -163,6 +163,15 @@ func (r *Reconciler) initExposure(ctx context.Context, s *settlementScope) (ctrl
 			}
 		}
 	}
+	if fresh {
+		// Nothing in the cluster holds its name or keys; a namespace deleted without
+		// an archive may have held them (tombstones.go).
+		if fresh, err = r.notPresentedBeforeNamespaceDeletion(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		}
+	} else if s.tombstone != nil {
+		r.warnPresentedBefore(s) // neverPresented found it
+	}
 	st.Exposure = hooksv1alpha1.ExposurePossible
 	if fresh {
 		st.Exposure = hooksv1alpha1.ExposureNone
@@ -197,18 +206,19 @@ func (r *Reconciler) lookupFirstWhileArchiveBehind(_ context.Context, s *settlem
 // anywhere (docs/design.md §14): its status records no attempt, no other settlement of
 // its logical operation (its legacy name, for a key minted since keys are namespaced)
 // exists in the cluster — read live from the API server, since a cached read could
-// miss one just created — and the archive holds none (checkArchive asked it earlier in
-// this reconcile, and holds back a settlement while the archive does not answer). The
-// answer is kept for the reconcile.
+// miss one just created — the archive holds none (checkArchive asked it earlier in
+// this reconcile, and holds back a settlement while the archive does not answer), and
+// no tombstone holds one (its namespace deleted without an archive). The answer is
+// kept for the reconcile.
 //
 // Why the facts are proof: every call that could present the key is preceded by the
 // bracket, written to this object's status with an optimistic lock (a stale copy
 // cannot send); a settlement leaves the cluster only once it is in the archive and
 // read back, or when it never presented its key; and the admission policy lets no one
-// else delete it. Where those do not hold — a namespace deleted without an archive, an
-// archive restored from an older copy, a settlement deleted by hand where the admission
-// policy is not installed — the facts can lie, which is why they decide only where
-// the provider cannot.
+// else delete it (and a settlement that leaves with its namespace without an archive
+// leaves a tombstone). Where those do not hold — an archive restored from an older
+// copy, a finalizer removed by a person (the break-glass), a tombstone deleted by one —
+// the facts can lie, which is why they decide only where the provider cannot.
 func (r *Reconciler) neverPresented(ctx context.Context, s *settlementScope) (bool, error) {
 	if s.neverPresented != nil {
 		return *s.neverPresented, nil
@@ -234,7 +244,11 @@ func (r *Reconciler) neverPresented(ctx context.Context, s *settlementScope) (bo
 			return false, fmt.Errorf("get billingsettlement %s: %w", name, err)
 		}
 	}
-	return answer(true)
+	t, _, err := r.presentedBefore(ctx, s)
+	if err != nil {
+		return false, err
+	}
+	return answer(t == nil)
 }
 
 // createdWithItsJob checks the fresh-for-job annotation against the JobCompletion it

@@ -745,6 +745,44 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 			"the policy refused the manager something")
 	})
 
+	It("keeps the key of a settled settlement deleted with its namespace in a tombstone, with the manager's own permissions", func() {
+		const ns = "leaving-settled"
+		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		asNamespaceController := filepath.Join(workDir, "namespace-controller.kubeconfig")
+		Expect(testenv.WriteKubeconfig(asNamespaceController, cfg, "namespace-controller",
+			"system:serviceaccount:kube-system:namespace-controller")).To(Succeed())
+		stlSample := filepath.Join(testenv.RepoRoot(), "config", "samples", "hooks_v1alpha1_billingsettlement.yaml")
+		kubectl(managerKubeconfig(), "apply", "--server-side", "-n", ns, "-f", stlSample)
+		sample := decodeAll(string(must(os.ReadFile(stlSample))))[0]
+		stl := sample.GetName()
+		r := startReplica(deployment(), managerKubeconfig())
+		DeferCleanup(func() { r.session.Kill() })
+		Eventually(func() []string {
+			var bs hooksv1alpha1.BillingSettlement
+			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: stl}, &bs)).To(Succeed())
+			return bs.Finalizers
+		}).Should(ContainElement(hooksv1alpha1.FinalizerSettlementProtection))
+		// As if the provider had settled it (only the manager's identity may write status).
+		kubectl(managerKubeconfig(), "patch", "-n", ns, "billingsettlement", stl, "--subresource=status", "--type=merge", "-p",
+			`{"status":{"state":"Settled","exposure":"Confirmed","attempts":1,"providerRef":"pay_1",`+
+				`"firstSubmittedAt":"2026-01-01T00:00:00Z","settledAt":"2026-01-01T00:00:01Z"}}`)
+
+		// No archive is configured: the settlement goes with its namespace once the
+		// manager, as its ServiceAccount, has written its tombstone in its own namespace.
+		Expect(k8s.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		kubectl(asNamespaceController, "delete", "-n", ns, "billingsettlements", "--all", "--wait=false")
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: stl}, &hooksv1alpha1.BillingSettlement{}))
+		}).WithTimeout(time.Minute).Should(BeTrue())
+		var cms corev1.ConfigMapList
+		Expect(k8s.List(ctx, &cms, client.InNamespace(operatorNamespace),
+			client.MatchingLabels{hooksv1alpha1.LabelTombstonesOf: ns})).To(Succeed())
+		Expect(cms.Items).To(HaveLen(1))
+		Expect(cms.Items[0].Data).To(HaveKeyWithValue(stl, ContainSubstring(`"idempotencyKey":"stl_81831a7c17b547c9ae4a86e4cceefbb0"`)))
+		r.session.Terminate().Wait(45 * time.Second)
+		Expect(r.session).To(gexec.Exit(0))
+	})
+
 	It("ships NetworkPolicy and ServiceMonitor add-ons that select the installed Pods and metrics Service", func() {
 		dep := deployment()
 		podLabels := labels.Set(dep.Spec.Template.Labels)
@@ -900,7 +938,10 @@ func startReplica(dep *appsv1.Deployment, kubeconfig string) *replica {
 		args = append(args, a)
 	}
 	Expect(replaced).To(Equal(3), "the Deployment sets the receiver, metrics and probe addresses")
-	s, err := gexec.Start(exec.Command(managerBin, args...), GinkgoWriter, GinkgoWriter)
+	cmd := exec.Command(managerBin, args...)
+	// As the Deployment's downward API gives the Pod its namespace.
+	cmd.Env = append(os.Environ(), "POD_NAMESPACE="+dep.Namespace)
+	s, err := gexec.Start(cmd, GinkgoWriter, GinkgoWriter)
 	Expect(err).NotTo(HaveOccurred())
 	r.session = s
 	Eventually(func() int {

@@ -32,6 +32,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/archivewatermark"
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 	"github.com/settlement-operator/settlement-operator/internal/receiver"
+	"github.com/settlement-operator/settlement-operator/internal/tombstone"
 	"github.com/settlement-operator/settlement-operator/test/fakebilling"
 	"github.com/settlement-operator/settlement-operator/test/fakejobsink"
 	"github.com/settlement-operator/settlement-operator/test/fixtures"
@@ -52,7 +53,13 @@ var (
 	billing *fakebilling.Server
 	sink    *fakejobsink.Server
 	mgr     *runningManager
+	// tombstones is where every manager of the suite keeps the tombstones of
+	// settlements deleted without an archive (the operator's namespace).
+	tombstones *tombstone.Keeper
 )
+
+// operatorNamespace stands for the operator's own namespace.
+const operatorNamespace = "settlement-operator-system"
 
 const billingToken = "test-billing-token"
 
@@ -73,6 +80,9 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	k8s, err = client.New(cfg, client.Options{Scheme: env.Scheme})
 	Expect(err).NotTo(HaveOccurred())
+
+	Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNamespace}})).To(Succeed())
+	tombstones = &tombstone.Keeper{Client: k8s, Namespace: operatorNamespace, Prefix: "settlement-operator.hooks.settlement.dev"}
 
 	billing, err = fakebilling.Start(fakebilling.Options{Token: billingToken, UsagePrice: 100})
 	Expect(err).NotTo(HaveOccurred())
@@ -157,7 +167,7 @@ func startManager(opts ...managerOptions) *runningManager {
 	health.Hold = 2 * time.Second
 	Expect((&billingsettlement.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("billingsettlement"), Archive: o.store, Watermark: o.watermark, Health: health,
-		CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
+		Tombstones: tombstones, CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
 	Expect((&billingprovider.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("billingprovider"), Archive: o.store, Health: health,
 		CredentialRecheckInterval: time.Second, MaxListPages: o.maxListPages,
@@ -212,7 +222,13 @@ func newTenant(mutate ...func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.Web
 // newTenantWithToken is newTenant with another billing credential.
 func newTenantWithToken(token string, mutate ...func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider)) string {
 	GinkgoHelper()
-	ns := fmt.Sprintf("ops-%d", nsCounter.Add(1))
+	return tenantIn(fmt.Sprintf("ops-%d", nsCounter.Add(1)), token, mutate...)
+}
+
+// tenantIn creates namespace ns (a new one, or one created again after its deletion)
+// with the tenant's providers and token.
+func tenantIn(ns, token string, mutate ...func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider)) string {
+	GinkgoHelper()
 	Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 	bp := fixtures.BillingProvider(ns, billing.URL())
 	bp.Spec.RequestTimeout = fixtures.Duration(time.Second)
