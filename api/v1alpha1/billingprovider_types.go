@@ -117,8 +117,8 @@ const (
 	// ConditionProviderHealthy says how the operator's latest calls to the provider
 	// went: the endpoint answered and accepted the credentials (CallsSucceeding), it
 	// refused them (CredentialsRejected), it answered with 5xx errors
-	// (ProviderErroring), or it could not be reached (EndpointUnreachable). Absent until
-	// the first call.
+	// (ProviderErroring), it could not be reached (EndpointUnreachable), or it gave no
+	// answer within requestTimeout (ProviderNotAnswering). Absent until the first call.
 	ConditionProviderHealthy = "ProviderHealthy"
 )
 
@@ -134,9 +134,15 @@ const (
 	// ReasonCredentialsRejected: the provider answered 401 or 403: the token in the
 	// credentials Secret is wrong, expired or lacks permission.
 	ReasonCredentialsRejected = "CredentialsRejected"
-	// ReasonEndpointUnreachable: calls got no answer (DNS failure, connection refused
-	// or reset, timeout): the endpoint is wrong, or the provider or the network is down.
+	// ReasonEndpointUnreachable: calls could not reach the provider (DNS failure,
+	// connection refused or reset): the endpoint is wrong, or the provider or the
+	// network is down. A call that times out is ReasonProviderNotAnswering.
 	ReasonEndpointUnreachable = "EndpointUnreachable"
+	// ReasonProviderNotAnswering: calls reached the provider (it accepted the
+	// connection) but got no answer within requestTimeout: it is overloaded or hung.
+	// Its settlements wait their turn for its share of the settlement workers, so no
+	// other provider's settlements wait for it (docs/design.md §5.4).
+	ReasonProviderNotAnswering = "ProviderNotAnswering"
 	// ReasonProviderErroring: the provider answered the latest calls with 5xx errors.
 	ReasonProviderErroring = "ProviderErroring"
 	// ReasonProviderCallFailed: a reconciliation pass failed on a provider call for

@@ -2,6 +2,7 @@ package billingsettlement
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -33,6 +34,7 @@ func (r *Reconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result
 	deleting := !s.bs.DeletionTimestamp.IsZero()
 	var obs settlement.Observation
 	looked, submitted := false, false
+	start := s.bs.Status.DeepCopy() // what a refusal of a provider slot puts back
 	for range maxStepsPerReconcile {
 		// The facts matter only where a lookup cannot answer for a settlement that
 		// never sent: read them then, once per reconcile.
@@ -62,6 +64,9 @@ func (r *Reconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result
 				// and an unanswered one to a human.
 				return ctrl.Result{RequeueAfter: s.policy.Max}, nil
 			}
+			if !r.takeSlot(s) {
+				return r.waitForSlot(s, start)
+			}
 			submitted = true
 			var held providerHold
 			res, err := r.guardAndSubmit(ctx, s, &obs, &held)
@@ -79,6 +84,9 @@ func (r *Reconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result
 		case settlement.ActLookup:
 			if looked {
 				return ctrl.Result{RequeueAfter: time.Second}, nil
+			}
+			if !r.takeSlot(s) {
+				return r.waitForSlot(s, start)
 			}
 			looked = true
 			obs = r.lookup(ctx, s)
@@ -106,6 +114,12 @@ func (r *Reconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result
 // other of the same charge; a non-zero result or an error means nothing was sent.
 func (r *Reconciler) guardAndSubmit(ctx context.Context, s *settlementScope, obs *settlement.Observation, held *providerHold) (ctrl.Result, error) {
 	unlock, err := compensationLocks.lock(ctx, s.bs)
+	if errors.Is(err, errChargeBusy) {
+		// Nothing was checked or sent: its turn comes at a later reconcile.
+		*held = providerHold{why: fmt.Sprintf("%s of %s; nothing was sent: trying again in a moment", errChargeBusy.Error(), s.bs.Spec.Reverses),
+			recheck: r.slotRetry(), reason: hooksv1alpha1.ReasonCompensationWaiting}
+		return ctrl.Result{}, nil
+	}
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("wait for the other compensations of %s: %w", s.bs.Spec.Reverses, err)
 	}

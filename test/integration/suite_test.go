@@ -122,6 +122,8 @@ type managerOptions struct {
 	// noEventController leaves the WebhookEvent controller out: deliveries are stored
 	// and wait, as they would for a busy or starting leader.
 	noEventController bool
+	// settlementWorkers, when set, is how many settlements are worked on at once (1).
+	settlementWorkers int
 }
 
 func startManager(opts ...managerOptions) *runningManager {
@@ -157,7 +159,7 @@ func startManager(opts ...managerOptions) *runningManager {
 	health.Hold = 2 * time.Second
 	Expect((&billingsettlement.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("billingsettlement"), Archive: o.store, Watermark: o.watermark, Health: health,
-		CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
+		CredentialRecheckInterval: time.Second, MaxConcurrentReconciles: o.settlementWorkers}).SetupWithManager(m)).To(Succeed())
 	Expect((&billingprovider.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("billingprovider"), Archive: o.store, Health: health,
 		CredentialRecheckInterval: time.Second, MaxListPages: o.maxListPages,
