@@ -243,9 +243,19 @@ type BillingProviderSpec struct {
 	// +kubebuilder:default="24h"
 	IdempotencyWindow *metav1.Duration `json:"idempotencyWindow,omitempty"`
 
-	// requestTimeout bounds each call to the provider.
+	// requestTimeout bounds each call to the provider; at most 1m. The bound has three
+	// reasons. A call longer than a minute is one the provider will not answer: the
+	// senders whose webhooks made the charge give up on theirs in seconds, and a
+	// provider this slow is hung, not working. Every call holds one of the provider's
+	// share of the settlement workers for its whole length, and a tarpit's settlements
+	// must hand them back often enough for its own retries and lookups to go on. And
+	// the retry budget (retry.maxElapsed, unset) is the key window less two request
+	// timeouts: a longer timeout eats the window in which a resend is safe. An object
+	// written with a larger value before the bound keeps it while it is not changed,
+	// and its calls are cut at 1m all the same (docs/decisions.md).
 	// +optional
 	// +kubebuilder:default="10s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('1m')",message="requestTimeout is at most 1m: a call holds one of the provider's settlement workers while it lasts, and a provider that takes longer does not answer"
 	RequestTimeout *metav1.Duration `json:"requestTimeout,omitempty"`
 
 	// retry bounds retries of a settlement.
