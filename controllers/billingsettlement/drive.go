@@ -34,7 +34,6 @@ func (r *Reconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result
 	deleting := !s.bs.DeletionTimestamp.IsZero()
 	var obs settlement.Observation
 	looked, submitted := false, false
-	start := s.bs.Status.DeepCopy() // what a refusal of a provider slot puts back
 	for range maxStepsPerReconcile {
 		// The facts matter only where a lookup cannot answer for a settlement that
 		// never sent: read them then, once per reconcile.
@@ -48,6 +47,13 @@ func (r *Reconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result
 		d := settlement.Decide(settlement.Input{Status: &s.bs.Status, Policy: s.policy, Deleting: deleting,
 			ProviderChanged: s.providerChanged(), ForceLookup: s.forceLookup && !looked, LookedUp: looked,
 			Obs: obs, Now: s.now, Random: r.random(), Caps: s.caps, NeverPresented: neverPresented})
+		// A decision to call the provider takes one of its slots first (slots.go); one
+		// refused is not applied at all, so the refusal changes nothing.
+		calls := (d.Action == settlement.ActSubmit && !submitted && !deleting && s.lookupOnly == "") ||
+			(d.Action == settlement.ActLookup && !looked)
+		if calls && !r.takeSlot(s) {
+			return r.waitForSlot(s)
+		}
 		r.apply(ctx, s, d, obs)
 		obs = settlement.Observation{}
 		switch d.Action {
@@ -63,9 +69,6 @@ func (r *Reconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result
 				// Asked again later: past the key window the decision goes to a lookup,
 				// and an unanswered one to a human.
 				return ctrl.Result{RequeueAfter: s.policy.Max}, nil
-			}
-			if !r.takeSlot(s) {
-				return r.waitForSlot(s, start)
 			}
 			submitted = true
 			var held providerHold
@@ -84,9 +87,6 @@ func (r *Reconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result
 		case settlement.ActLookup:
 			if looked {
 				return ctrl.Result{RequeueAfter: time.Second}, nil
-			}
-			if !r.takeSlot(s) {
-				return r.waitForSlot(s, start)
 			}
 			looked = true
 			obs = r.lookup(ctx, s)

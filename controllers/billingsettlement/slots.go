@@ -5,7 +5,6 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
 )
 
@@ -45,12 +44,13 @@ func (r *Reconciler) takeSlot(s *settlementScope) bool {
 	return ok
 }
 
-// waitForSlot requeues a settlement refused a slot. Nothing of this reconcile's
-// decision is kept: its status is put back as drive found it (start), so a refusal
-// changes no state, writes no bracket and sends nothing; the decision is made again,
-// from the same facts, once a slot is free.
-func (r *Reconciler) waitForSlot(s *settlementScope, start *hooksv1alpha1.BillingSettlementStatus) (ctrl.Result, error) {
-	s.bs.Status = *start.DeepCopy()
+// waitForSlot requeues a settlement refused a slot. The decision to call is not
+// applied (drive asks for the slot before it applies one), so a refusal changes no
+// state, writes no bracket and sends nothing; no provider call was made in this
+// reconcile either (the first one takes the slot). The decision is made again, from
+// the same facts, once a slot is free. What the steps before it decided without the
+// provider (ActContinue) is kept: it would be written by the next reconcile anyway.
+func (r *Reconciler) waitForSlot(s *settlementScope) (ctrl.Result, error) {
 	metrics.ProviderSlotWaits.WithLabelValues(s.bs.Namespace, s.bs.Spec.BillingProviderRef).Inc()
 	return ctrl.Result{RequeueAfter: r.slotRetry()}, nil
 }

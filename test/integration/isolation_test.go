@@ -115,6 +115,21 @@ var _ = Describe("a billing provider that never answers (docs/design.md §5.4)",
 		for i := range charges {
 			Expect(billing.Charges(key(ns, fmt.Sprintf("job-%d", i)))).To(Equal(1))
 		}
+		// The tarpit's settlements take turns for its share of the workers (1 of 4):
+		// one call at a time, a minute each, so within the first two minutes at most
+		// two were sent. The others wait exactly as they were: no attempt, no bracket.
+		sent := 0
+		for i := range tarpitCharges {
+			bs := settlementOf(slow, fmt.Sprintf("job-%d", i))
+			if bs.Status.Attempts > 0 {
+				sent++
+				continue
+			}
+			Expect(bs.Status.FirstSubmittedAt).To(BeNil(), "a waiting settlement wrote no bracket")
+			Expect(bs.Status.Exposure).NotTo(Equal(hooksv1alpha1.ExposurePossible), "a waiting settlement wrote no bracket")
+			Expect(bs.Status.State).To(Equal(hooksv1alpha1.SettlementPending))
+		}
+		Expect(sent).To(BeNumerically("<=", 2), "the tarpit's settlements hold one worker at a time")
 
 		Eventually(billingProviderCondition(slow, hooksv1alpha1.ConditionReady)).WithTimeout(2 * time.Minute).Should(And(
 			HaveField("Status", metav1.ConditionFalse),
