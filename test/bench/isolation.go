@@ -135,15 +135,8 @@ func (b *run) isolation(ctx context.Context, bin string) error {
 	if err := tenant(ctx, b.k, isolationNamespace, billing.URL()); err != nil {
 		return err
 	}
-	if err := tenant(ctx, b.k, tarpitNamespace, pit.url(), func(bp *hooksv1alpha1.BillingProvider) {
-		bp.Spec.RequestTimeout = &metav1.Duration{Duration: time.Minute}
-	}); err != nil {
+	if err := b.waitProviderReady(ctx, op, isolationNamespace); err != nil {
 		return err
-	}
-	for _, ns := range []string{isolationNamespace, tarpitNamespace} {
-		if err := b.waitProviderReady(ctx, op, ns); err != nil {
-			return err
-		}
 	}
 	t := newTracker()
 	stopWatch, err := b.watch(ctx, t, isolationNamespace)
@@ -168,6 +161,15 @@ func (b *run) isolation(ctx context.Context, bin string) error {
 	b.logf("item 7: %d charges at %.0f/s, alone", cfg.IsolationEvents, cfg.IsolationRate)
 	iso.Alone, iso.UnsettledAlone = measure("iso-alone")
 
+	// The tarpit's tenant exists only from here: alone means alone.
+	if err := tenant(ctx, b.k, tarpitNamespace, pit.url(), func(bp *hooksv1alpha1.BillingProvider) {
+		bp.Spec.RequestTimeout = &metav1.Duration{Duration: time.Minute}
+	}); err != nil {
+		return err
+	}
+	if err := b.waitProviderReady(ctx, op, tarpitNamespace); err != nil {
+		return err
+	}
 	b.logf("item 7: %d charges to a provider that never answers (requestTimeout 1m)", cfg.TarpitCharges)
 	pitLoop := b.openLoop(ctx, newTracker(), hc, endpoint(op.ReceiverURL, tarpitNamespace), "pit", 50, cfg.TarpitCharges)
 	for _, d := range pitLoop.deliveries {
