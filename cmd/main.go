@@ -57,6 +57,7 @@ func main() {
 		metricsAddr          string
 		probeAddr            string
 		settlementWorkers    int
+		settlementShare      int
 		pprofAddr            string
 		enableLeaderElection bool
 		secureMetrics        bool
@@ -99,6 +100,8 @@ func main() {
 		"Records each controller works on at once, settlements excepted (--settlement-workers).")
 	flag.IntVar(&settlementWorkers, "settlement-workers", 16,
 		"Settlements worked on at once: each waits on the billing provider (and on the API server around the call), not on this process's CPU.")
+	flag.IntVar(&settlementShare, "settlement-workers-per-provider", 0,
+		"Settlement workers the settlements of one BillingProvider may hold at once while they call it (0: a quarter of --settlement-workers, at least 1); the rest wait in the queue, so a provider that never answers holds up no other.")
 	flag.StringVar(&recvOpts.BindAddress, "receiver-bind-address", ":8090",
 		"Address the webhook receiver binds to (every replica receives).")
 	flag.IntVar(&recvOpts.MaxUnauthenticatedPerAddress, "receiver-max-unauthenticated-per-address", receiver.DefaultMaxUnauthenticatedPerAddress,
@@ -174,6 +177,10 @@ func main() {
 	}
 	if workers < 1 || settlementWorkers < 1 {
 		log.Error(errors.New("--max-concurrent-reconciles and --settlement-workers must be positive"), "invalid flags")
+		os.Exit(2)
+	}
+	if settlementShare < 0 || settlementShare > settlementWorkers {
+		log.Error(fmt.Errorf("--settlement-workers-per-provider %d is not between 0 and --settlement-workers (%d)", settlementShare, settlementWorkers), "invalid flags")
 		os.Exit(2)
 	}
 	if recvOpts.MaxInFlight < 1 || recvOpts.MaxInFlightPerNamespace < 1 || recvOpts.MaxInFlightPerProvider < 1 ||
@@ -299,7 +306,7 @@ func main() {
 	// What the settlements' calls learn about each billing provider, shown on it.
 	health := providerclient.NewHealth()
 	if err := (&billingsettlement.Reconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: settlementWorkers, Archive: store, Watermark: watermark,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), MaxConcurrentReconciles: settlementWorkers, ProviderShare: settlementShare, Archive: store, Watermark: watermark,
 		Recorder: mgr.GetEventRecorder(billingsettlement.ControllerName), TransitionEvents: transitionEvents,
 		Health: health, Tombstones: tombstones,
 	}).SetupWithManager(mgr); err != nil {
@@ -307,7 +314,7 @@ func main() {
 		os.Exit(1)
 	}
 	if err := (&billingprovider.Reconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Archive: store, Health: health,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Archive: store, Health: health, MaxConcurrentReconciles: workers,
 		Recorder: mgr.GetEventRecorder(billingprovider.ControllerName),
 	}).SetupWithManager(mgr); err != nil {
 		log.Error(err, "unable to set up controller", "controller", billingprovider.ControllerName)

@@ -117,8 +117,8 @@ const (
 	// ConditionProviderHealthy says how the operator's latest calls to the provider
 	// went: the endpoint answered and accepted the credentials (CallsSucceeding), it
 	// refused them (CredentialsRejected), it answered with 5xx errors
-	// (ProviderErroring), or it could not be reached (EndpointUnreachable). Absent until
-	// the first call.
+	// (ProviderErroring), it could not be reached (EndpointUnreachable), or it gave no
+	// answer within requestTimeout (ProviderNotAnswering). Absent until the first call.
 	ConditionProviderHealthy = "ProviderHealthy"
 )
 
@@ -134,9 +134,15 @@ const (
 	// ReasonCredentialsRejected: the provider answered 401 or 403: the token in the
 	// credentials Secret is wrong, expired or lacks permission.
 	ReasonCredentialsRejected = "CredentialsRejected"
-	// ReasonEndpointUnreachable: calls got no answer (DNS failure, connection refused
-	// or reset, timeout): the endpoint is wrong, or the provider or the network is down.
+	// ReasonEndpointUnreachable: calls could not reach the provider (DNS failure,
+	// connection refused or reset): the endpoint is wrong, or the provider or the
+	// network is down. A call that times out is ReasonProviderNotAnswering.
 	ReasonEndpointUnreachable = "EndpointUnreachable"
+	// ReasonProviderNotAnswering: calls reached the provider (it accepted the
+	// connection) but got no answer within requestTimeout: it is overloaded or hung.
+	// Its settlements wait their turn for its share of the settlement workers, so no
+	// other provider's settlements wait for it (docs/design.md §5.4).
+	ReasonProviderNotAnswering = "ProviderNotAnswering"
 	// ReasonProviderErroring: the provider answered the latest calls with 5xx errors.
 	ReasonProviderErroring = "ProviderErroring"
 	// ReasonProviderCallFailed: a reconciliation pass failed on a provider call for
@@ -237,9 +243,19 @@ type BillingProviderSpec struct {
 	// +kubebuilder:default="24h"
 	IdempotencyWindow *metav1.Duration `json:"idempotencyWindow,omitempty"`
 
-	// requestTimeout bounds each call to the provider.
+	// requestTimeout bounds each call to the provider; at most 1m. The bound has three
+	// reasons. A call longer than a minute is one the provider will not answer: the
+	// senders whose webhooks made the charge give up on theirs in seconds, and a
+	// provider this slow is hung, not working. Every call holds one of the provider's
+	// share of the settlement workers for its whole length, and a tarpit's settlements
+	// must hand them back often enough for its own retries and lookups to go on. And
+	// the retry budget (retry.maxElapsed, unset) is the key window less two request
+	// timeouts: a longer timeout eats the window in which a resend is safe. An object
+	// written with a larger value before the bound keeps it while it is not changed,
+	// and its calls are cut at 1m all the same (docs/decisions.md).
 	// +optional
 	// +kubebuilder:default="10s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('1m')",message="requestTimeout is at most 1m: a call holds one of the provider's settlement workers while it lasts, and a provider that takes longer does not answer"
 	RequestTimeout *metav1.Duration `json:"requestTimeout,omitempty"`
 
 	// retry bounds retries of a settlement.

@@ -118,6 +118,10 @@ const (
 	// move money wrongly (nothing charged, another customer or currency, more than
 	// what is left to refund, a Refund before the charge settled or a Void after).
 	ReasonCompensationNotAllowed = "CompensationNotAllowed"
+	// ReasonCompensationWaiting: another compensation of the same charge was being
+	// checked or sent for longer than the bounded wait for its turn; nothing was
+	// checked or sent for this one, which tries again in a moment.
+	ReasonCompensationWaiting = "CompensationWaiting"
 	// ReasonAwaitingLookup: the provider must answer a lookup by key before anything
 	// is sent, because an earlier attempt (or an earlier life of this settlement) may
 	// have moved money.

@@ -15,6 +15,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -48,6 +49,13 @@ const (
 	firstWindow = 24 * time.Hour
 	// maxListPages bounds one pass's walk of the provider's list endpoint.
 	maxListPages = 50
+	// passCalls is how many provider calls' worth of requestTimeout one pass may take
+	// in all (passDeadline).
+	passCalls = 20
+	// defaultWorkers is how many BillingProviders are reconciled at once when
+	// MaxConcurrentReconciles is 0: a pass waits on its provider, and one provider
+	// that does not answer must not hold up every other provider's pass and checks.
+	defaultWorkers = 4
 	// continueWalkAfter is how soon a pass whose walk of the provider's list was cut at
 	// maxListPages is followed by the next, which goes on from the cut.
 	continueWalkAfter = 5 * time.Second
@@ -77,6 +85,9 @@ type Reconciler struct {
 	// Health, shared with the settlement controller, tells how the latest calls to
 	// each provider went (the ProviderHealthy condition); nil leaves it out.
 	Health *providerclient.Health
+	// MaxConcurrentReconciles is how many BillingProviders are reconciled at once
+	// (defaultWorkers when 0).
+	MaxConcurrentReconciles int
 	// MaxListPages caps one pass's walk of the provider's list endpoint (50 pages).
 	MaxListPages int
 	// UsageTotalsLag is how far behind the pass a usage-totals window ends (1h: Stripe
@@ -206,6 +217,15 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, bp *hooksv1alpha1.Bill
 		return ctrl.Result{RequeueAfter: policy.interval}, nil // a failed pass is not hurried
 	}
 	return ctrl.Result{RequeueAfter: r.passInterval(bp.UID, policy)}, nil
+}
+
+// passDeadline bounds the provider's part of one pass (its calls and what it does
+// with their answers): passCalls request timeouts. Each call is bounded by
+// requestTimeout already; this bounds a provider that answers every call just in
+// time. The report and the BillingProvider's status are written after it, under the
+// reconcile's own context, so a pass cut short still says why.
+func passDeadline(bp *hooksv1alpha1.BillingProvider) time.Duration {
+	return passCalls * settlement.RequestTimeoutOf(bp)
 }
 
 // passInterval is how long after a pass the next is due: the policy's interval, or
@@ -410,7 +430,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Health != nil { // a provider whose calls changed health writes it at once
 		b = b.WatchesRawSource(source.Channel(r.Health.Changes(), &handler.EnqueueRequestForObject{}))
 	}
-	return b.Complete(r)
+	workers := r.MaxConcurrentReconciles
+	if workers <= 0 {
+		workers = defaultWorkers
+	}
+	return b.WithOptions(controller.Options{MaxConcurrentReconciles: workers}).Complete(r)
 }
 
 // deletingProviderOf maps a settlement to its BillingProvider, only while that

@@ -43,7 +43,9 @@ func (r *Reconciler) pass(ctx context.Context, bp *hooksv1alpha1.BillingProvider
 		namespace: bp.Namespace, provider: bp.Name, previous: r.findings.last(bp.UID), seen: map[uint64]struct{}{}, windowStart: start}
 	rr.Status.Phase = hooksv1alpha1.ReportRunning
 
-	err := r.compare(ctx, bp, c, policy, now, rr.Name, p)
+	cctx, cancel := context.WithTimeout(ctx, passDeadline(bp))
+	err := r.compare(cctx, bp, c, policy, now, rr.Name, p)
+	cancel()
 	r.findings.remember(bp.UID, p.seen, p.previous, err == nil && p.listedAll)
 	p.fillItems()
 	rr.Status.ObservedGeneration = rr.Generation

@@ -102,7 +102,7 @@ func (r *Reconciler) compareUsageTotals(ctx context.Context, bp *hooksv1alpha1.B
 	lag, skew := r.usageTotalsLag(), r.usageClockSkew()
 	// A settlement's answer is dated at the start of its reconcile, before the call:
 	// the provider may receive it up to a request timeout later.
-	timeout := settlement.DurationOr(bp.Spec.RequestTimeout, settlement.DefaultRequestTimeout)
+	timeout := settlement.RequestTimeoutOf(bp)
 	start, end := windowStart.Add(-lag).Truncate(time.Minute), now.Add(-lag).Truncate(time.Minute)
 	if m := r.usage.get(bp.UID); !m.IsZero() {
 		start = m // the last comparison ended there: a window Stripe did not answer for is not skipped

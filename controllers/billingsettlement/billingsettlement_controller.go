@@ -24,6 +24,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
 	"github.com/settlement-operator/settlement-operator/internal/index"
+	"github.com/settlement-operator/settlement-operator/internal/keyedsem"
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
 	"github.com/settlement-operator/settlement-operator/internal/tombstone"
@@ -59,6 +60,11 @@ type Reconciler struct {
 	// MaxConcurrentReconciles is how many records are worked on at once (1): calls to
 	// slow peers must not queue every other record behind them.
 	MaxConcurrentReconciles int
+	// ProviderShare is how many of those workers the settlements of one
+	// BillingProvider may hold at once while they call it (slots.go); 0: a quarter of
+	// them, at least 1. A provider that never answers then holds its share, and every
+	// other provider's settlements keep the rest.
+	ProviderShare int
 	// Archive, when set, holds the settlements that left the cluster: a key it holds is
 	// never sent again, a settlement leaves only once it is archived, and compensations
 	// count the archived refunds of their charge (docs/design.md §12).
@@ -85,6 +91,8 @@ type Reconciler struct {
 	CredentialRecheckInterval time.Duration
 
 	clients providerclient.Clients
+	// slots holds each BillingProvider's share of the workers (takeSlot).
+	slots keyedsem.Set
 }
 
 func (r *Reconciler) credentialRecheck() time.Duration {
@@ -128,6 +136,8 @@ type settlementScope struct {
 	// lookupOnly, when set, says why this settlement is never submitted again (its
 	// identity is not derived, but an older operator sent it): it is only asked by key.
 	lookupOnly string
+	// releaseSlot gives back the provider slot this reconcile holds (nil: none).
+	releaseSlot func()
 }
 
 // settlementPhase is one step of a reconcile; a non-zero result or an error stops.
@@ -153,6 +163,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 	defer func() {
 		if perr := r.patchStatus(ctx, s); perr != nil && err == nil {
 			err = perr
+		}
+		// Only once the outcome of the call is written: the slot covers the whole of
+		// a call's life, bracket to record.
+		if s.releaseSlot != nil {
+			s.releaseSlot()
 		}
 	}()
 	phases := []settlementPhase{r.observeGeneration, r.checkIdentity, r.checkArchive, r.initExposure, r.lookupFirstWhileArchiveBehind, r.handleReplay,

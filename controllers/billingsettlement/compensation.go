@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -86,9 +87,18 @@ var compensationLocks chargeLocks
 // chargeLocks is one lock per charge.
 type chargeLocks struct{ sems keyedsem.Set }
 
+// chargeLockWait bounds how long a compensation waits for its charge's lock: the
+// holder may be in a POST that lasts its provider's whole requestTimeout (up to a
+// minute), and a worker waiting that long is a worker no other settlement gets.
+const chargeLockWait = 2 * time.Second
+
+// errChargeBusy: another compensation of the same charge held the lock for all of
+// chargeLockWait; nothing was checked or sent, and the settlement is requeued.
+var errChargeBusy = errors.New("another compensation of the same charge is being checked or sent")
+
 // lock takes bs's charge's lock (none for a charge itself) and returns its release,
-// or ctx's error when ctx ends first (the manager stopping): a worker never waits for
-// good.
+// errChargeBusy when another holds it for chargeLockWait, or ctx's error when ctx ends
+// first (the manager stopping): a worker never waits for long.
 func (k *chargeLocks) lock(ctx context.Context, bs *hooksv1alpha1.BillingSettlement) (func(), error) {
 	if bs.Spec.Reverses == "" {
 		return func() {}, nil
@@ -96,9 +106,14 @@ func (k *chargeLocks) lock(ctx context.Context, bs *hooksv1alpha1.BillingSettlem
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	unlock, ok := k.sems.Acquire(ctx, nil, bs.Namespace+"/"+bs.Spec.Reverses, 1)
+	expiry := time.NewTimer(chargeLockWait)
+	defer expiry.Stop()
+	unlock, ok := k.sems.Acquire(ctx, expiry.C, bs.Namespace+"/"+bs.Spec.Reverses, 1)
 	if !ok {
-		return nil, ctx.Err()
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return nil, errChargeBusy
 	}
 	return unlock, nil
 }

@@ -58,3 +58,33 @@ func TestCompensationLocks(t *testing.T) {
 		t.Fatalf("%d locks kept after use", n)
 	}
 }
+
+// TestCompensationLockWaitIsBounded: a compensation whose charge's lock another holds
+// (its POST may last the provider's whole requestTimeout) gives up after a bounded
+// wait, so it is requeued instead of holding a settlement worker for as long.
+func TestCompensationLockWaitIsBounded(t *testing.T) {
+	var k chargeLocks
+	bs := &hooksv1alpha1.BillingSettlement{ObjectMeta: metav1.ObjectMeta{Namespace: "ns"},
+		Spec: hooksv1alpha1.BillingSettlementSpec{Reverses: "charge"}}
+	unlock, err := k.lock(context.Background(), bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	got := make(chan error, 1)
+	go func() {
+		unlock, err := k.lock(context.Background(), bs)
+		if err == nil {
+			unlock()
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		if err == nil {
+			t.Fatal("a second compensation of the charge took the lock the first holds")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a compensation waited for its charge's lock for good, holding its worker")
+	}
+}

@@ -2,6 +2,7 @@ package billingsettlement
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -46,6 +47,13 @@ func (r *Reconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result
 		d := settlement.Decide(settlement.Input{Status: &s.bs.Status, Policy: s.policy, Deleting: deleting,
 			ProviderChanged: s.providerChanged(), ForceLookup: s.forceLookup && !looked, LookedUp: looked,
 			Obs: obs, Now: s.now, Random: r.random(), Caps: s.caps, NeverPresented: neverPresented})
+		// A decision to call the provider takes one of its slots first (slots.go); one
+		// refused is not applied at all, so the refusal changes nothing.
+		calls := (d.Action == settlement.ActSubmit && !submitted && !deleting && s.lookupOnly == "") ||
+			(d.Action == settlement.ActLookup && !looked)
+		if calls && !r.takeSlot(s) {
+			return r.waitForSlot(s)
+		}
 		r.apply(ctx, s, d, obs)
 		obs = settlement.Observation{}
 		switch d.Action {
@@ -106,6 +114,12 @@ func (r *Reconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result
 // other of the same charge; a non-zero result or an error means nothing was sent.
 func (r *Reconciler) guardAndSubmit(ctx context.Context, s *settlementScope, obs *settlement.Observation, held *providerHold) (ctrl.Result, error) {
 	unlock, err := compensationLocks.lock(ctx, s.bs)
+	if errors.Is(err, errChargeBusy) {
+		// Nothing was checked or sent: its turn comes at a later reconcile.
+		*held = providerHold{why: fmt.Sprintf("%s of %s; nothing was sent: trying again in a moment", errChargeBusy.Error(), s.bs.Spec.Reverses),
+			recheck: r.slotRetry(), reason: hooksv1alpha1.ReasonCompensationWaiting}
+		return ctrl.Result{}, nil
+	}
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("wait for the other compensations of %s: %w", s.bs.Spec.Reverses, err)
 	}

@@ -58,6 +58,19 @@ func (s *Set) Acquire(ctx context.Context, expired <-chan time.Time, key string,
 	return nil, false
 }
 
+// TryAcquire takes one of key's size slots only if one is free now; it never waits.
+// ok=false: all are held, and nothing is held for the caller.
+func (s *Set) TryAcquire(key string, size int) (release func(), ok bool) {
+	return s.Acquire(context.Background(), closed, key, size)
+}
+
+// closed is an expiry that has already fired: Acquire gives up at once.
+var closed = func() <-chan time.Time {
+	c := make(chan time.Time)
+	close(c)
+	return c
+}()
+
 // Len is how many keys have a semaphore now (held or waited for).
 func (s *Set) Len() int {
 	s.mu.Lock()

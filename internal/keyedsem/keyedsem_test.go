@@ -46,7 +46,20 @@ func TestAcquire(t *testing.T) {
 	} else {
 		r()
 	}
+	r3, ok3 := s.TryAcquire("a", 2)
+	if !ok3 {
+		t.Fatal("TryAcquire refused the one free slot")
+	}
+	if _, ok := s.TryAcquire("a", 2); ok {
+		t.Fatal("TryAcquire took a slot of a key whose slots are all held")
+	}
+	r3()
 	r2()
+	if r, ok := s.TryAcquire("a", 2); !ok {
+		t.Fatal("TryAcquire refused a free slot")
+	} else {
+		r()
+	}
 	if n := s.Len(); n != 0 {
 		t.Fatalf("%d semaphores kept after use", n)
 	}

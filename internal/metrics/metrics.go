@@ -39,6 +39,11 @@ var (
 		Help: "BillingSettlements dead-lettered (retries exhausted or terminal error) by namespace and BillingProvider; replay to resume.",
 	}, []string{"namespace", "billing_provider"})
 
+	ProviderSlotWaits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_provider_slot_waits_total",
+		Help: "Settlement reconciles requeued, nothing changed, because their BillingProvider's share of the settlement workers was in use, by namespace and BillingProvider.",
+	}, []string{"namespace", "billing_provider"})
+
 	ReceiptToSettled = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "settlement_receipt_to_settled_seconds",
 		Help:    "Time from the source event's receipt to the provider's settlement.",
@@ -60,7 +65,7 @@ var (
 // registry at start (the ObjectsCollector is registered by the manager, which owns the
 // cache it reads). test/prometheus checks the shipped alerts and dashboard against them.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{EventsExpired, providerCalls, billingCallDuration, SettlementTransitions, DeadLetters,
+	return []prometheus.Collector{EventsExpired, providerCalls, billingCallDuration, SettlementTransitions, DeadLetters, ProviderSlotWaits,
 		ReceiptToSettled, JobTransitions, DiscrepanciesFound, RepairsCarriedOut,
 		ArchivedRecords, ArchivedDuplicates, ArchiveFailures, archiveEnabled, archiveUp, archiveBehind}
 }

@@ -55,7 +55,7 @@ func (pc *Clients) Get(ctx context.Context, reader client.Reader,
 		newClient = adapters.New // the adapter of bp.Spec.Type
 	}
 	c, err := newClient(adapters.Settings{Provider: bp.DeepCopy(), Token: token,
-		Timeout: settlement.DurationOr(bp.Spec.RequestTimeout, settlement.DefaultRequestTimeout)})
+		Timeout: settlement.RequestTimeoutOf(bp)})
 	if err != nil {
 		return nil, fmt.Errorf("billing provider %s: %w", bp.Name, err)
 	}

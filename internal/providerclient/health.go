@@ -14,6 +14,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/credentials"
+	"github.com/settlement-operator/settlement-operator/internal/settlement"
 )
 
 // Health remembers how the latest calls to each BillingProvider went, so that
@@ -161,6 +162,12 @@ func healthOf(bp *hooksv1alpha1.BillingProvider, err error) (reason, message str
 		return hooksv1alpha1.ReasonCallsSucceeding, "the latest calls reached " + bp.Spec.Endpoint + " and it accepted the credentials"
 	case e.Code == "canceled":
 		return "", ""
+	case e.Code == "timeout":
+		return hooksv1alpha1.ReasonProviderNotAnswering, fmt.Sprintf(
+			"calls to %s get no answer within its requestTimeout (%s): the provider is overloaded or hung, or the network drops the calls; "+
+				"its settlements take turns for its share of the workers, so other providers' are not held up, "+
+				"and those whose outcome is unknown are asked by key once it answers",
+			bp.Spec.Endpoint, settlement.RequestTimeoutOf(bp))
 	default:
 		return hooksv1alpha1.ReasonEndpointUnreachable, fmt.Sprintf(
 			"calls to %s get no answer (%s): check the endpoint, the provider's status and the network path", bp.Spec.Endpoint, e.Code)
@@ -229,6 +236,8 @@ func ReportFailureReason(err error) string {
 		return hooksv1alpha1.ReasonAPIServerFailure
 	case e.Status == http.StatusUnauthorized || e.Status == http.StatusForbidden:
 		return hooksv1alpha1.ReasonCredentialsRejected
+	case e.Status == 0 && e.Code == "timeout":
+		return hooksv1alpha1.ReasonProviderNotAnswering
 	case e.Status == 0 && e.Code != "canceled":
 		return hooksv1alpha1.ReasonEndpointUnreachable
 	default:

@@ -2,6 +2,7 @@ package providerclient
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,6 +63,14 @@ func TestProviderHealth(t *testing.T) {
 	if _, reason, _, _ := h.Condition(newer.UID, newer.Generation); reason != hooksv1alpha1.ReasonCredentialsRejected {
 		t.Fatalf("generation 2: %q after a late call through generation 1", reason)
 	}
+	// Reached and not answered within requestTimeout (capped at a minute): named so.
+	slow := bp.DeepCopy()
+	slow.UID, slow.Spec.RequestTimeout = "slow", &metav1.Duration{Duration: time.Hour}
+	h.observe(slow, &billing.Error{Code: "timeout"})
+	if _, reason, msg, _ := h.Condition(slow.UID, slow.Generation); reason != hooksv1alpha1.ReasonProviderNotAnswering ||
+		!strings.Contains(msg, "requestTimeout (1m0s)") {
+		t.Fatalf("a timed-out call: %q %q", reason, msg)
+	}
 	h.Forget(bp.UID)
 	if _, _, _, ok := h.Condition(newer.UID, newer.Generation); ok {
 		t.Fatal("a forgotten provider still has a condition")
@@ -74,6 +83,7 @@ func TestProviderHealth(t *testing.T) {
 		{&billing.Error{Status: 403}, hooksv1alpha1.ReasonCredentialsRejected},
 		{refused, hooksv1alpha1.ReasonEndpointUnreachable},
 		{&billing.Error{Code: "dns_failure"}, hooksv1alpha1.ReasonEndpointUnreachable},
+		{&billing.Error{Code: "timeout"}, hooksv1alpha1.ReasonProviderNotAnswering},
 		{serverError, hooksv1alpha1.ReasonProviderCallFailed},
 		{errors.New("the API server timed out"), hooksv1alpha1.ReasonAPIServerFailure},
 	} {

@@ -26,7 +26,7 @@ type RetryPolicy struct {
 func PolicyOf(bp *hooksv1alpha1.BillingProvider, caps billing.Capabilities) RetryPolicy {
 	p := RetryPolicy{Initial: DefaultInitialBackoff, Max: DefaultMaxBackoff,
 		KeyWindow:      DurationOr(bp.Spec.IdempotencyWindow, DefaultIdempotencyWindow),
-		RequestTimeout: DurationOr(bp.Spec.RequestTimeout, DefaultRequestTimeout)}
+		RequestTimeout: RequestTimeoutOf(bp)}
 	if caps.Window > 0 && caps.Window < p.KeyWindow {
 		p.KeyWindow = caps.Window
 	}
@@ -55,6 +55,17 @@ const (
 	DefaultRequestTimeout    = 10 * time.Second
 	maxPollInterval          = time.Minute
 )
+
+// MaxRequestTimeout is the longest a call to a billing provider may take, the bound
+// the CRD puts on spec.requestTimeout (docs/design.md §5.4). An object written before
+// the bound keeps its larger value (validation ratcheting), and is held to this one.
+const MaxRequestTimeout = time.Minute
+
+// RequestTimeoutOf is how long each call to bp may take: spec.requestTimeout (10s
+// when unset), at most MaxRequestTimeout.
+func RequestTimeoutOf(bp *hooksv1alpha1.BillingProvider) time.Duration {
+	return min(DurationOr(bp.Spec.RequestTimeout, DefaultRequestTimeout), MaxRequestTimeout)
+}
 
 // DurationOr returns d's value, or def when d is unset or zero (the API server
 // defaults these fields, but a zero must never mean "retry in a tight loop").

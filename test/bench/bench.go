@@ -11,6 +11,9 @@
 //     billing provider in this one;
 //  4. API-server writes and etcd bytes per event;
 //  5. the manager's resident memory with 1k, 10k and 50k retained events;
+//  7. another tenant's request→Settled p99 with and without a tenant whose billing
+//     provider accepts connections and never answers, as a ratio (outbound
+//     isolation, a control plane and a manager of its own);
 //  6. with the archive on (a PostgreSQL of its own, a control plane of its own): a
 //     sustained load of 50,000 events through the whole pipeline at a rate it keeps
 //     up with, and what stays behind per event in etcd, the manager's memory and
@@ -93,6 +96,14 @@ type Config struct {
 	ArchiveRate       float64
 	// ArchiveSamples is how many samples item 6 takes under load (10).
 	ArchiveSamples int
+	// IsolationEvents is how many charges item 7 (outbound isolation) measures alone
+	// and again beside a tarpit, at IsolationRate per second (100 at 10/s); negative
+	// skips it. TarpitCharges are sent to the tarpit's tenant first (64: more than
+	// the manager's 16 settlement workers). IsolationOnly runs item 7 alone.
+	IsolationEvents int
+	IsolationRate   float64
+	TarpitCharges   int
+	IsolationOnly   bool
 	// ProfileDir receives the manager's CPU profiles (the work directory).
 	ProfileDir string
 	// ProfileSeconds is how long the manager's CPU is profiled from the start of
@@ -140,6 +151,11 @@ func (c *Config) defaults() {
 	set(&c.ArchiveEvents, 50000)
 	set(&c.CalibrationEvents, 600)
 	set(&c.ArchiveSamples, 10)
+	set(&c.IsolationEvents, 100)
+	set(&c.TarpitCharges, 64)
+	if c.IsolationRate == 0 {
+		c.IsolationRate = 10
+	}
 	if c.ArchiveAfter == 0 {
 		c.ArchiveAfter = 5 * time.Second
 	}
@@ -206,9 +222,17 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 
 	b.res.Settings.Revision, b.res.Settings.ManagerArgs = revision(ctx), cfg.ManagerArgs
 
+	if cfg.IsolationOnly {
+		cfg.ArchiveOnly, cfg.ArchiveEvents = true, -1
+	}
 	if !cfg.ArchiveOnly {
 		if err := b.archiveOff(ctx, bin); err != nil {
 			return nil, err
+		}
+	}
+	if cfg.IsolationEvents > 0 && (cfg.IsolationOnly || !cfg.ArchiveOnly) {
+		if err := b.isolation(ctx, bin); err != nil {
+			return nil, fmt.Errorf("isolation: %w", err)
 		}
 	}
 	if cfg.ArchiveEvents > 0 {

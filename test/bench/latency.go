@@ -117,10 +117,17 @@ func (t *tracker) waitAll(ctx context.Context, ds []*delivery, timeout time.Dura
 	}
 }
 
-// watch starts the benchmark's informers on the latency namespace; cancel stops them.
-func (b *run) watch(ctx context.Context, t *tracker) (context.CancelFunc, error) {
-	c, err := cache.New(b.restCfg, cache.Options{Scheme: testenv.Scheme(),
-		DefaultNamespaces: map[string]cache.Config{latencyNamespace: {}}})
+// watch starts the benchmark's informers on namespaces (the latency namespace when
+// none); cancel stops them.
+func (b *run) watch(ctx context.Context, t *tracker, namespaces ...string) (context.CancelFunc, error) {
+	if len(namespaces) == 0 {
+		namespaces = []string{latencyNamespace}
+	}
+	watched := map[string]cache.Config{}
+	for _, ns := range namespaces {
+		watched[ns] = cache.Config{}
+	}
+	c, err := cache.New(b.restCfg, cache.Options{Scheme: testenv.Scheme(), DefaultNamespaces: watched})
 	if err != nil {
 		return nil, fmt.Errorf("benchmark cache: %w", err)
 	}

@@ -29,6 +29,8 @@ type Results struct {
 	Memory          Memory    `json:"memory"`
 	// Archive is item 6, the sustained phase with the archive on (absent when skipped).
 	Archive *ArchivePhase `json:"archive,omitempty"`
+	// Isolation is item 7, outbound isolation (absent when skipped).
+	Isolation *Isolation `json:"isolation,omitempty"`
 	// Profiles are CPU profiles of the manager and the API server while the pipeline
 	// was busy.
 	Profiles []Profile `json:"profiles,omitempty"`
@@ -578,6 +580,9 @@ func (r *Results) PrintTable(out io.Writer) {
 
 	if r.Ingestion.Events > 0 {
 		r.printArchiveOff(w)
+	}
+	if r.Isolation != nil {
+		r.Isolation.print(w)
 	}
 	if r.Archive != nil {
 		r.Archive.print(w)

@@ -132,6 +132,8 @@ type managerOptions struct {
 	// noEventController leaves the WebhookEvent controller out: deliveries are stored
 	// and wait, as they would for a busy or starting leader.
 	noEventController bool
+	// settlementWorkers, when set, is how many settlements are worked on at once (1).
+	settlementWorkers int
 }
 
 func startManager(opts ...managerOptions) *runningManager {
@@ -167,7 +169,7 @@ func startManager(opts ...managerOptions) *runningManager {
 	health.Hold = 2 * time.Second
 	Expect((&billingsettlement.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("billingsettlement"), Archive: o.store, Watermark: o.watermark, Health: health,
-		Tombstones: tombstones, CredentialRecheckInterval: time.Second}).SetupWithManager(m)).To(Succeed())
+		Tombstones: tombstones, CredentialRecheckInterval: time.Second, MaxConcurrentReconciles: o.settlementWorkers}).SetupWithManager(m)).To(Succeed())
 	Expect((&billingprovider.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("billingprovider"), Archive: o.store, Health: health,
 		CredentialRecheckInterval: time.Second, MaxListPages: o.maxListPages,

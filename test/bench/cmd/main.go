@@ -58,6 +58,11 @@ func main() {
 	flag.Float64Var(&cfg.ArchiveLoad, "archive-load", 0.9, "Item 6 runs at this fraction of the sustainable rate the staircase found.")
 	flag.Float64Var(&cfg.ArchiveRate, "archive-rate", 0, "Item 6's delivery rate per second instead of the calibrated one.")
 	flag.IntVar(&cfg.ArchiveSamples, "archive-samples", 10, "Samples item 6 takes under load (plus one before and one after).")
+	flag.IntVar(&cfg.IsolationEvents, "isolation-events", 100,
+		"Charges item 7 (outbound isolation) measures alone and again beside a provider that never answers; 0 skips it.")
+	flag.Float64Var(&cfg.IsolationRate, "isolation-rate", 10, "Item 7's delivery rate per second.")
+	flag.IntVar(&cfg.TarpitCharges, "isolation-tarpit-charges", 64, "Charges item 7 sends to the provider that never answers.")
+	flag.BoolVar(&cfg.IsolationOnly, "isolation-only", false, "Run item 7 only (a control plane and a manager of its own, about 3 minutes).")
 	flag.DurationVar(&cfg.ProfileSeconds, "profile", 30*time.Second,
 		"Profile the manager's CPU this long from the start of item 3's levels and of item 6's sustained load; 0 or negative: no profile.")
 	flag.Parse()
@@ -67,6 +72,9 @@ func main() {
 	cfg.ProfileDir = filepath.Dir(out)
 	if cfg.ArchiveEvents == 0 {
 		cfg.ArchiveEvents = -1
+	}
+	if cfg.IsolationEvents == 0 {
+		cfg.IsolationEvents = -1
 	}
 	cfg.UnderCapacityLevel = &underCap
 	cfg.ManagerArgs = strings.Fields(mgrArgs)
