@@ -177,6 +177,7 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 			{map[string]any{"archive": map[string]any{"maxConns": 0}}, "maxConns"},
 			{map[string]any{"image": map[string]any{"pullPolicy": "Sometimes"}}, "pullPolicy"},
 			{map[string]any{"archive": map[string]any{"enabled": true, "secretName": ""}}, "archive.secretName is required"},
+			{map[string]any{"replicas": 2, "leaderElection": map[string]any{"enabled": false}}, "replicas: 2 needs leaderElection.enabled: true"},
 		} {
 			_, err := renderChartE("settlement-operator", operatorNamespace, bad.values)
 			Expect(err).To(MatchError(ContainSubstring(bad.says)), "%v", bad.values)
