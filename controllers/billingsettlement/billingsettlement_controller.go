@@ -78,6 +78,9 @@ type Reconciler struct {
 	CredentialRecheckInterval time.Duration
 
 	clients providerclient.Clients
+	// compensationLocks is one lock per charge for this manager's workers
+	// (compensation.go); two managers — in two processes, or two in one test — hold two.
+	compensationLocks chargeLocks
 }
 
 func (r *Reconciler) credentialRecheck() time.Duration {
