@@ -28,8 +28,10 @@ import (
 // settled at a provider that can still cancel it (billing.VoidsSettled), for the whole
 // of it; refunds of one original never add up to more than it charged, and a Void is
 // never sent beside another compensation of the same charge that may have moved money.
-// Two compensations created at once see each other (a live list, under the charge's
-// lock: guardAndSubmit), so neither can slip past the total or the Void's exclusivity.
+// Two compensations created at once see each other, in one process (a live list, under
+// the charge's lock: guardAndSubmit) and across processes (the claim, persisted before
+// the bracket and followed by a second live read: docs/design.md §16), so neither can
+// slip past the total or the Void's exclusivity.
 func (r *Reconciler) guardCompensation(ctx context.Context, s *settlementScope) (ctrl.Result, error) {
 	bs := s.bs
 	if bs.Spec.Type != hooksv1alpha1.SettlementRefund && bs.Spec.Type != hooksv1alpha1.SettlementVoid {

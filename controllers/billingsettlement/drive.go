@@ -103,7 +103,8 @@ func (r *Reconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result
 
 // guardAndSubmit runs the compensation guard and the submission under the charge's
 // lock (compensationLocks), so the guard of one compensation sees the bracket of any
-// other of the same charge; a non-zero result or an error means nothing was sent.
+// other of the same charge in this process (another process's is seen through its
+// claim: docs/design.md §16); a non-zero result or an error means nothing was sent.
 func (r *Reconciler) guardAndSubmit(ctx context.Context, s *settlementScope, obs *settlement.Observation, held *providerHold) (ctrl.Result, error) {
 	unlock, err := r.compensationLocks.lock(ctx, s.bs)
 	if err != nil {
