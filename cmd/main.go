@@ -3,14 +3,17 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -230,6 +233,28 @@ func main() {
 	// whenever there is an operator namespace, and read with an archive too, since
 	// tombstones written before the archive was configured still count.
 	tombstones := &tombstone.Keeper{Client: direct, Namespace: operatorNamespace, Prefix: leaderElectionID}
+
+	// One deployment per namespace: a second one whose --watch-namespaces overlap (or
+	// that serves all namespaces beside another) refuses to start (docs/design.md §16).
+	if home := cmp.Or(operatorNamespace, leaderNamespace); home != "" {
+		claim := &sharding.Claim{Client: direct, Reader: mgr.GetAPIReader(), Identity: home + "/" + leaderElectionID,
+			Namespaces: slices.Sorted(maps.Keys(sharding.WatchedNamespaces(watchNamespaces))), Home: home}
+		if err := claim.Acquire(context.Background()); errors.Is(err, sharding.ErrOverlap) {
+			log.Error(err, "refusing to start: the namespaces this deployment would serve are claimed by another")
+			os.Exit(1)
+		} else if err != nil {
+			log.Error(err, "unable to claim the namespaces this deployment serves")
+			os.Exit(1)
+		}
+		if err := mgr.Add(claim); err != nil {
+			log.Error(err, "unable to add the namespace claims")
+			os.Exit(1)
+		}
+	} else {
+		log.Info("no operator namespace (--operator-namespace, $POD_NAMESPACE): namespaces are not claimed, " +
+			"so another deployment serving the same ones would not be detected")
+	}
+
 	var store *archive.Store
 	var watermark *archivewatermark.Keeper
 	if archiveURL != "" {

@@ -372,6 +372,15 @@ type BillingSettlementStatus struct {
 	// +kubebuilder:validation:MaxLength=256
 	ReversesRef string `json:"reversesRef,omitempty"`
 
+	// claimedAt is, for a Refund or Void, when it claimed the charge it reverses: set
+	// and persisted before its first submission bracket, then the charge's other
+	// compensations are read again. Every other compensation's guard counts a claimed
+	// one as possibly sent, so two managers (or two shards) can never both pass the
+	// guard. Cleared when it is held, or ends having moved nothing
+	// (docs/design.md §16).
+	// +optional
+	ClaimedAt *metav1.Time `json:"claimedAt,omitempty"`
+
 	// providerStatus is the provider's last reported status (pending, settled, failed).
 	// +optional
 	// +kubebuilder:validation:MaxLength=64

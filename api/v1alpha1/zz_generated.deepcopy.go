@@ -291,6 +291,10 @@ func (in *BillingSettlementStatus) DeepCopyInto(out *BillingSettlementStatus) {
 		in, out := &in.DatedUntil, &out.DatedUntil
 		*out = (*in).DeepCopy()
 	}
+	if in.ClaimedAt != nil {
+		in, out := &in.ClaimedAt, &out.ClaimedAt
+		*out = (*in).DeepCopy()
+	}
 	if in.FirstSubmittedAt != nil {
 		in, out := &in.FirstSubmittedAt, &out.FirstSubmittedAt
 		*out = (*in).DeepCopy()

@@ -93,6 +93,9 @@ type Reconciler struct {
 	clients providerclient.Clients
 	// slots holds each BillingProvider's share of the workers (takeSlot).
 	slots keyedsem.Set
+	// compensationLocks is one lock per charge for this manager's workers
+	// (compensation.go); two managers — in two processes, or two in one test — hold two.
+	compensationLocks chargeLocks
 }
 
 func (r *Reconciler) credentialRecheck() time.Duration {

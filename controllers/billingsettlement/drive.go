@@ -111,9 +111,10 @@ func (r *Reconciler) drive(ctx context.Context, s *settlementScope) (ctrl.Result
 
 // guardAndSubmit runs the compensation guard and the submission under the charge's
 // lock (compensationLocks), so the guard of one compensation sees the bracket of any
-// other of the same charge; a non-zero result or an error means nothing was sent.
+// other of the same charge in this process (another process's is seen through its
+// claim: docs/design.md §16); a non-zero result or an error means nothing was sent.
 func (r *Reconciler) guardAndSubmit(ctx context.Context, s *settlementScope, obs *settlement.Observation, held *providerHold) (ctrl.Result, error) {
-	unlock, err := compensationLocks.lock(ctx, s.bs)
+	unlock, err := r.compensationLocks.lock(ctx, s.bs)
 	if errors.Is(err, errChargeBusy) {
 		// Nothing was checked or sent: its turn comes at a later reconcile.
 		*held = providerHold{why: fmt.Sprintf("%s of %s; nothing was sent: trying again in a moment", errChargeBusy.Error(), s.bs.Spec.Reverses),
@@ -180,6 +181,9 @@ func (r *Reconciler) submit(ctx context.Context, s *settlementScope) (_ settleme
 	if err != nil || hold.why != "" {
 		bracketed := bs.DeepCopy()
 		bs.Status = *s.before.Status.DeepCopy() // no call was made: exactly as before
+		if settlement.NeverAttempted(&bs.Status) {
+			bs.Status.ClaimedAt = nil // nor will one be soon: the charge's claim is released
+		}
 		if _, perr := statuspatch.Patch(ctx, r.Client, bs, bracketed, true); perr != nil {
 			return settlement.Observation{}, providerHold{}, perr // exposure stays Possible: it is only asked, never lost
 		}

@@ -54,6 +54,9 @@ func (r *Reconciler) apply(ctx context.Context, s *settlementScope, d settlement
 		prevReason = readyBefore.Reason
 	}
 	st.State, st.Exposure, st.Failures, st.LastSubmission = d.State, d.Exposure, d.Failures, d.LastSubmission
+	if settlement.MovedNothing(bs) {
+		st.ClaimedAt = nil // a compensation that moved nothing releases its claim on the charge (§16)
+	}
 	switch d.Action {
 	case settlement.ActWait:
 		next := metav1.NewTime(s.now.Add(d.Wait))

@@ -43,10 +43,12 @@ func WithArchived(inCluster, archived []hooksv1alpha1.BillingSettlement) []hooks
 // ReversalConflict says why bs may not be sent beside the other compensations of orig
 // ("" when it may): a Void cancels the whole charge, so it goes only while no other
 // compensation of it may have moved money, and a Refund only while no Void of it may
-// have. One held before sending anything (heldUnsent) does not count, so a compensation
-// held by its guard never blocks a good one: the guard and submission of a charge's
-// compensations run one at a time (compensationLocks), and the submission bracket is
-// written before the lock is released, so the next guard sees it.
+// have. One held before sending anything, without a claim (heldUnsent), does not count,
+// so a compensation held by its guard never blocks a good one. Every compensation
+// persists its claim on the charge (ClaimedAt) before its submission bracket and reads
+// the others again after it, so of two guards in two processes at least one sees the
+// other (docs/design.md §16); within one process the guard and submission of a
+// charge's compensations also run one at a time (the reconciler's lock per charge).
 func ReversalConflict(bs, orig *hooksv1alpha1.BillingSettlement, all []hooksv1alpha1.BillingSettlement) string {
 	for i := range all {
 		o := &all[i]
@@ -68,13 +70,48 @@ func ReversalConflict(bs, orig *hooksv1alpha1.BillingSettlement, all []hooksv1al
 }
 
 // heldUnsent reports whether a compensation is waiting, never having sent anything
-// itself, with nothing found under its key either: held by its own guard, or not yet
-// reconciled. One that found something (a record not provably its own, an unanswerable
-// lookup: RequiresReconciliation, a disagreement, a reference) counts as sent.
+// itself, with nothing found under its key either, and without a claim on its charge:
+// held by its own guard, or not yet reconciled. One that found something (a record not
+// provably its own, an unanswerable lookup: RequiresReconciliation, a disagreement, a
+// reference) counts as sent, and so does one that claimed the charge (ClaimedAt): it
+// may be about to send, in another process (docs/design.md §16).
 func heldUnsent(o *hooksv1alpha1.BillingSettlement) bool {
+	return unsent(o) && o.Status.ClaimedAt == nil
+}
+
+// unsent reports whether a compensation never sent anything itself and found nothing
+// under its key, whether or not it claimed its charge.
+func unsent(o *hooksv1alpha1.BillingSettlement) bool {
 	st := &o.Status
 	return (st.State == "" || st.State == hooksv1alpha1.SettlementPending) && st.FirstSubmittedAt == nil && st.Attempts == 0 &&
 		st.SentTo == nil && st.Disagreement == nil && st.ProviderRef == ""
+}
+
+// ClaimsBefore orders the claims of two compensations of one charge: the older one
+// first, by creation time and then by name — fixed facts every process reads alike, so
+// two claims that see each other agree on which one steps back.
+func ClaimsBefore(a, b *hooksv1alpha1.BillingSettlement) bool {
+	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return a.CreationTimestamp.Before(&b.CreationTimestamp)
+	}
+	return a.Name < b.Name
+}
+
+// WithoutLaterClaims is all without the compensations of orig that claimed it after bs
+// (ClaimsBefore) and have sent nothing yet. When bs's guard passes on that set, what
+// stops it are only later claims, which step back once they see bs's: bs waits for
+// them, keeping its claim. Otherwise bs steps back itself. Of two claims that see each
+// other, exactly one waits, and neither is sent while the other's claim stands.
+func WithoutLaterClaims(bs, orig *hooksv1alpha1.BillingSettlement, all []hooksv1alpha1.BillingSettlement) []hooksv1alpha1.BillingSettlement {
+	out := make([]hooksv1alpha1.BillingSettlement, 0, len(all))
+	for i := range all {
+		o := &all[i]
+		if o.Name != bs.Name && o.Spec.Reverses == orig.Name && o.Status.ClaimedAt != nil && unsent(o) && ClaimsBefore(bs, o) {
+			continue
+		}
+		out = append(out, *o)
+	}
+	return out
 }
 
 // CompensationRefusal says why a compensation may not be sent for orig ("" when it may).

@@ -24,6 +24,7 @@ func TestReversalConflict(t *testing.T) {
 	bracketed := hooksv1alpha1.BillingSettlementStatus{State: hooksv1alpha1.SettlementSubmitted, Exposure: hooksv1alpha1.ExposurePossible,
 		Attempts: 1, FirstSubmittedAt: &metav1.Time{}, SentTo: &hooksv1alpha1.ProviderTarget{Endpoint: "x"}}
 	held := hooksv1alpha1.BillingSettlementStatus{State: hooksv1alpha1.SettlementPending, Exposure: hooksv1alpha1.ExposurePossible}
+	claimed := hooksv1alpha1.BillingSettlementStatus{State: hooksv1alpha1.SettlementPending, Exposure: hooksv1alpha1.ExposureNone, ClaimedAt: &metav1.Time{}}
 	refused := hooksv1alpha1.BillingSettlementStatus{State: hooksv1alpha1.SettlementFailed, Exposure: hooksv1alpha1.ExposureNone, Attempts: 1,
 		FirstSubmittedAt: &metav1.Time{}}
 	unknown := hooksv1alpha1.BillingSettlementStatus{State: hooksv1alpha1.SettlementRequiresReconciliation, Exposure: hooksv1alpha1.ExposurePossible,
@@ -48,6 +49,10 @@ func TestReversalConflict(t *testing.T) {
 		{"a Void beside a Void whose outcome is unknown", comp("a", void, held), []hooksv1alpha1.BillingSettlement{comp("b", void, unknown)}, true},
 		{"a Void beside a refused Refund", comp("b", void, held), []hooksv1alpha1.BillingSettlement{comp("a", refund, refused)}, false},
 		{"a Void beside a Void held by its guard", comp("b", void, held), []hooksv1alpha1.BillingSettlement{comp("a", void, held)}, false},
+		{"a Void beside a Refund that claimed the charge (it may be sending, in another process)", comp("b", void, held),
+			[]hooksv1alpha1.BillingSettlement{comp("a", refund, claimed)}, true},
+		{"a Refund beside a Void that claimed the charge", comp("b", refund, held),
+			[]hooksv1alpha1.BillingSettlement{comp("a", void, claimed)}, true},
 		{"a Void beside a Refund held by its guard", comp("b", void, held), []hooksv1alpha1.BillingSettlement{comp("a", refund, held)}, false},
 		{"a Refund beside a settled Void", comp("b", refund, held), []hooksv1alpha1.BillingSettlement{comp("a", void, settled)}, true},
 		{"a Refund beside a Void in flight", comp("b", refund, held), []hooksv1alpha1.BillingSettlement{comp("a", void, bracketed)}, true},
@@ -62,6 +67,44 @@ func TestReversalConflict(t *testing.T) {
 		all := append([]hooksv1alpha1.BillingSettlement{bs}, c.others...)
 		if why := ReversalConflict(&bs, orig, all); (why != "") != c.blocked {
 			t.Errorf("%s: %q, want blocked=%v", c.name, why, c.blocked)
+		}
+	}
+}
+
+// TestWithoutLaterClaims: of two claims on one charge that see each other, the earlier
+// (older, then by name) waits and the later steps back; neither goes while the other
+// claim stands, and a compensation already sent is never dropped.
+func TestWithoutLaterClaims(t *testing.T) {
+	orig := &hooksv1alpha1.BillingSettlement{ObjectMeta: metav1.ObjectMeta{Name: "charge"}}
+	at := func(sec int64) metav1.Time { return metav1.Unix(1_700_000_000+sec, 0) }
+	comp := func(name string, created metav1.Time, typ hooksv1alpha1.SettlementType, st hooksv1alpha1.BillingSettlementStatus) hooksv1alpha1.BillingSettlement {
+		return hooksv1alpha1.BillingSettlement{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: created},
+			Spec: hooksv1alpha1.BillingSettlementSpec{Type: typ, Reverses: orig.Name}, Status: st}
+	}
+	claimed := hooksv1alpha1.BillingSettlementStatus{State: hooksv1alpha1.SettlementPending, ClaimedAt: &metav1.Time{}}
+	sent := hooksv1alpha1.BillingSettlementStatus{State: hooksv1alpha1.SettlementSubmitted, Exposure: hooksv1alpha1.ExposurePossible,
+		Attempts: 1, FirstSubmittedAt: &metav1.Time{}, ClaimedAt: &metav1.Time{}}
+	void, refund := hooksv1alpha1.SettlementVoid, hooksv1alpha1.SettlementRefund
+	passes := func(bs hooksv1alpha1.BillingSettlement, others ...hooksv1alpha1.BillingSettlement) (all, withoutLater bool) {
+		list := append([]hooksv1alpha1.BillingSettlement{bs}, others...)
+		return ReversalConflict(&bs, orig, list) == "", ReversalConflict(&bs, orig, WithoutLaterClaims(&bs, orig, list)) == ""
+	}
+	for _, c := range []struct {
+		name          string
+		a, b          hooksv1alpha1.BillingSettlement
+		aWaits, bWait bool
+	}{
+		{"older first", comp("z-void", at(0), void, claimed), comp("a-refund", at(1), refund, claimed), true, false},
+		{"same second: by name", comp("a-void", at(0), void, claimed), comp("b-refund", at(0), refund, claimed), true, false},
+		{"the other already sent: both step back or are held", comp("a-void", at(0), void, claimed), comp("b-refund", at(1), refund, sent), false, false},
+	} {
+		aAll, aWait := passes(c.a, c.b)
+		bAll, bWait := passes(c.b, c.a)
+		if aAll || bAll {
+			t.Errorf("%s: a claim passed beside a conflicting one (a %v, b %v)", c.name, aAll, bAll)
+		}
+		if aWait != c.aWaits || bWait != c.bWait {
+			t.Errorf("%s: a waits %v, b waits %v; want %v, %v", c.name, aWait, bWait, c.aWaits, c.bWait)
 		}
 	}
 }

@@ -38,6 +38,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/sharding"
 	"github.com/settlement-operator/settlement-operator/internal/signature"
 	"github.com/settlement-operator/settlement-operator/test/fakebilling"
 	"github.com/settlement-operator/settlement-operator/test/fixtures"
@@ -231,6 +232,11 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		out, _, err := kubectlE(saKC, "auth", "can-i", "list", "secrets", "-A")
 		Expect(err).To(HaveOccurred())
 		Expect(out).To(Equal("no\n"))
+		// Leases: only the namespace claims by name (docs/design.md §16), and create.
+		Expect(kubectl(saKC, "auth", "can-i", "update", "leases/settlement-operator-shard", "-n", "tenant")).To(Equal("yes\n"))
+		out, _, err = kubectlE(saKC, "auth", "can-i", "update", "leases/kube-scheduler", "-n", "kube-system")
+		Expect(err).To(HaveOccurred())
+		Expect(out).To(Equal("no\n"))
 
 		billing, err := fakebilling.Start(fakebilling.Options{Token: "deploy-suite-token"})
 		Expect(err).NotTo(HaveOccurred())
@@ -326,6 +332,11 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		var lease coordinationv1.Lease
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: operatorNamespace, Name: leaseName}, &lease)).To(Succeed())
 		Expect(lease.Spec.HolderIdentity).To(HaveValue(Not(BeEmpty())))
+		// Serving all namespaces, the deployment claims them with one Lease in its own.
+		var claim coordinationv1.Lease
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: operatorNamespace, Name: sharding.LeaseName}, &claim)).To(Succeed())
+		Expect(claim.Spec.HolderIdentity).To(HaveValue(Equal(operatorNamespace + "/" + leaseName)))
+		Expect(claim.Annotations).To(HaveKeyWithValue(sharding.AnnotationScope, sharding.ScopeAllNamespaces))
 
 		// Metrics are served over HTTPS to an authenticated, authorized client only: no
 		// token is 401, a ServiceAccount without the metrics-reader role 403, with it 200.

@@ -186,6 +186,7 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 			// One name per item: the policy splits the annotation at commas.
 			{map[string]any{"recordProtection": map[string]any{"compensators": map[string]any{"users": []any{"a@example.com,b@example.com"}}}}, "compensators"},
 			{map[string]any{"recordProtection": map[string]any{"compensators": map[string]any{"group": []any{"finance"}}}}, "group"},
+			{map[string]any{"replicas": 2, "leaderElection": map[string]any{"enabled": false}}, "replicas: 2 needs leaderElection.enabled: true"},
 		} {
 			_, err := renderChartE("settlement-operator", operatorNamespace, bad.values)
 			Expect(err).To(MatchError(ContainSubstring(bad.says)), "%v", bad.values)
