@@ -194,6 +194,11 @@ func TestImports(t *testing.T) {
 const (
 	maxPackageLines = 2500
 	maxPackageFiles = 12
+	// maxAPILines is the API package's own line limit: it is one group version (its
+	// kinds cannot be split into packages without splitting the API), and most of its
+	// lines are the field docs `kubectl explain` shows and the markers that become the
+	// CRDs' validation. Still bounded, so the schema's growth is a decision.
+	maxAPILines = 3500
 )
 
 // TestPackageSize checks every package outside test/ and hack/ (fakes, suites and
@@ -216,9 +221,13 @@ func TestPackageSize(t *testing.T) {
 			files++
 			lines += bytes.Count(b, []byte("\n"))
 		}
-		if lines > maxPackageLines || files > maxPackageFiles {
+		maxLines := maxPackageLines
+		if r == "api/v1alpha1" {
+			maxLines = maxAPILines
+		}
+		if lines > maxLines || files > maxPackageFiles {
 			t.Errorf("%s has %d lines in %d files (at most %d lines and %d files, tests and generated files not counted): split it along what it does",
-				r, lines, files, maxPackageLines, maxPackageFiles)
+				r, lines, files, maxLines, maxPackageFiles)
 		}
 	}
 }
