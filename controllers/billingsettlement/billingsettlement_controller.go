@@ -163,14 +163,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		}
 	}
 	s := &settlementScope{bs: &bs, before: bs.DeepCopy(), now: r.now()}
+	// Deferred first, so it runs last: only once the outcome of the call is written
+	// does the provider's slot go back (the slot covers the whole of a call's life,
+	// bracket to record), and it goes back even if the status write panics.
+	defer func() {
+		if s.releaseSlot != nil {
+			s.releaseSlot()
+		}
+	}()
 	defer func() {
 		if perr := r.patchStatus(ctx, s); perr != nil && err == nil {
 			err = perr
-		}
-		// Only once the outcome of the call is written: the slot covers the whole of
-		// a call's life, bracket to record.
-		if s.releaseSlot != nil {
-			s.releaseSlot()
 		}
 	}()
 	phases := []settlementPhase{r.observeGeneration, r.checkIdentity, r.checkArchive, r.initExposure, r.lookupFirstWhileArchiveBehind, r.handleReplay,
