@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -185,9 +186,12 @@ func (c *Claim) take(ctx context.Context, ns string) error {
 		lease = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: LeaseName}, Spec: spec}
 		c.annotate(&lease)
 		err := c.Client.Create(ctx, &lease)
-		if apierrors.IsNotFound(err) {
-			// The namespace does not exist (yet): there is nothing in it to serve twice.
-			// The leader's renewals claim it once it is created.
+		if apierrors.IsNotFound(err) || apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
+			// The namespace does not exist (yet), or is being deleted (it refuses creates,
+			// and its Lease went early in its deletion): there is nothing new in it to
+			// serve twice. Refusing to start here would stop every other tenant and keep
+			// the namespace's settlements from ever releasing it. The leader's renewals
+			// claim a namespace once it is created.
 			return nil
 		}
 		if err != nil {
@@ -250,6 +254,14 @@ func (c *Claim) Start(ctx context.Context) error {
 			} else if err != nil {
 				log.Error(err, "renewing a namespace claim failed; trying again", "namespace", ns)
 			}
+		}
+		// A renewal may have claimed a namespace created since the start, where only the
+		// claim of an all-namespaces deployment (in its own namespace) says it is served
+		// already: look at every claim again (one list per renewal).
+		if over, err := c.Overlaps(ctx); err != nil {
+			log.Error(err, "checking the namespace claims for an overlap failed; trying again")
+		} else if len(over) > 0 {
+			return c.overlap(over)
 		}
 	}
 }

@@ -9,7 +9,9 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -124,6 +126,45 @@ var _ = Describe("--watch-namespaces", func() {
 		go func() { done <- m.Start(ctx) }()
 		var stopped error
 		Eventually(done).WithTimeout(20 * time.Second).Should(Receive(&stopped))
+		Expect(stopped).To(MatchError(sharding.ErrOverlap))
+	})
+
+	It("starts while a namespace it serves is being deleted (creates there are refused)", func() {
+		ns, home := newTenant(), newTenant()
+		// Without a namespace controller (envtest) a deleted namespace stays Terminating,
+		// as one does in a cluster while settlements still hold their finalizers.
+		Expect(k8s.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		Eventually(func() bool {
+			var n corev1.Namespace
+			Expect(k8s.Get(ctx, client.ObjectKey{Name: ns}, &n)).To(Succeed())
+			return !n.DeletionTimestamp.IsZero()
+		}).Should(BeTrue())
+		restarted := &sharding.Claim{Client: k8s, Reader: k8s, Identity: home + "/restarted", Namespaces: []string{ns}, Home: home}
+		Expect(restarted.Acquire(ctx)).To(Succeed(), "a Terminating namespace refuses the claim's create: nothing to claim there, and no reason to stop every other tenant")
+	})
+
+	It("stops a running manager whose namespace, created after it started, an all-namespaces deployment serves", func() {
+		ns, home := fmt.Sprintf("claimed-later-%d", time.Now().UnixNano()), newTenant()
+		m, err := ctrl.NewManager(cfg, ctrl.Options{
+			Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+			Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		})
+		Expect(err).NotTo(HaveOccurred())
+		later := &sharding.Claim{Client: m.GetClient(), Reader: m.GetAPIReader(), Identity: home + "/later",
+			Namespaces: []string{ns}, Home: home, Duration: 3 * time.Second}
+		Expect(later.Acquire(ctx)).To(Succeed(), "its namespace does not exist yet")
+		all := &sharding.Claim{Client: k8s, Reader: k8s, Identity: home + "/all", Home: home, Duration: time.Minute}
+		// Once the short claims of the specs before this one have lapsed.
+		Eventually(func() error { return all.Acquire(ctx) }).WithTimeout(30*time.Second).Should(Succeed(), "nothing is claimed yet")
+		DeferCleanup(func() { // its live claim would overlap every other spec's
+			Expect(k8s.Delete(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: home, Name: sharding.LeaseName}})).To(Succeed())
+		})
+		Expect(m.Add(later)).To(Succeed())
+		done := make(chan error, 1)
+		go func() { done <- m.Start(ctx) }()
+		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		var stopped error
+		Eventually(done).WithTimeout(20*time.Second).Should(Receive(&stopped), "two deployments would serve "+ns)
 		Expect(stopped).To(MatchError(sharding.ErrOverlap))
 	})
 
