@@ -232,7 +232,7 @@ func main() {
 	// Tombstones of settlements deleted without an archive (docs/design.md §8): kept
 	// whenever there is an operator namespace, and read with an archive too, since
 	// tombstones written before the archive was configured still count.
-	tombstones := &tombstone.Keeper{Client: direct, Namespace: operatorNamespace, Prefix: leaderElectionID}
+	tombstones := &tombstone.Keeper{Client: direct, Namespace: operatorNamespace}
 
 	// One deployment per namespace: a second one whose --watch-namespaces overlap (or
 	// that serves all namespaces beside another) refuses to start (docs/design.md §16).

@@ -39,12 +39,14 @@ import (
 )
 
 const (
-	// Shards is how many ConfigMaps one namespace's tombstones are spread over.
-	Shards = 16
-	// MaxBytes bounds the entries (keys and values) of one tombstone ConfigMap, well
-	// under the API server's 1 MiB per ConfigMap: about 3,000 settlements per
-	// ConfigMap, 50,000 per namespace.
-	MaxBytes = 512 << 10
+	// Shards is how many ConfigMaps one namespace's tombstones are spread over. Many
+	// small ones rather than a few large ones: each tombstone rewrites its whole
+	// ConfigMap, and a namespace's settlements leave at once, so the size of one
+	// ConfigMap is what each of them writes to etcd's history.
+	Shards = 256
+	// MaxBytes bounds the entries (keys and values) of one tombstone ConfigMap: about
+	// 190 settlements per ConfigMap, 48,000 per namespace.
+	MaxBytes = 32 << 10
 )
 
 // ErrOff is returned by Record when no operator namespace is configured: there is
@@ -73,9 +75,6 @@ type Keeper struct {
 	Client client.Client
 	// Namespace is the operator's own namespace, where the ConfigMaps are.
 	Namespace string
-	// Prefix starts every ConfigMap's name (the leader election ID, as for the
-	// archive's identity ConfigMap).
-	Prefix string
 	// Now is the clock (time.Now).
 	Now func() time.Time
 }
@@ -86,14 +85,18 @@ func (k *Keeper) Off() bool { return k == nil || k.Namespace == "" }
 // ConfigMapName is the ConfigMap that holds (or would hold) the tombstone of
 // settlement name in namespace ns. It is part of the stored format: a change would
 // lose every tombstone written before (pinned by a test).
-func ConfigMapName(prefix, ns, name string) string {
-	shard := identity.Hash32("tombstone", ns, name)[:1] // one hex digit: Shards
-	return fmt.Sprintf("%s-tombstones-%s-%s", prefix, identity.Hash32("tombstones-of", ns)[:16], shard)
+//
+// It depends on nothing of the deployment (not its leader election ID): a namespace
+// deleted and created again may be served by another deployment, or by a reinstalled
+// one, and that one must find the earlier life's tombstones.
+func ConfigMapName(ns, name string) string {
+	shard := identity.Hash32("tombstone", ns, name)[:2] // two hex digits: Shards
+	return fmt.Sprintf("settlement-operator-tombstones-%s-%s", identity.Hash32("tombstones-of", ns)[:16], shard)
 }
 
 // Where names the ConfigMap holding settlement name of namespace ns, for messages.
 func (k *Keeper) Where(ns, name string) string {
-	return k.Namespace + "/" + ConfigMapName(k.Prefix, ns, name)
+	return k.Namespace + "/" + ConfigMapName(ns, name)
 }
 
 func (k *Keeper) now() time.Time {
@@ -129,7 +132,7 @@ func (k *Keeper) record(ctx context.Context, bs *hooksv1alpha1.BillingSettlement
 	if err != nil {
 		return fmt.Errorf("encode tombstone of billingsettlement %s/%s: %w", bs.Namespace, bs.Name, err)
 	}
-	key := types.NamespacedName{Namespace: k.Namespace, Name: ConfigMapName(k.Prefix, bs.Namespace, bs.Name)}
+	key := types.NamespacedName{Namespace: k.Namespace, Name: ConfigMapName(bs.Namespace, bs.Name)}
 	var cm corev1.ConfigMap
 	err = k.Client.Get(ctx, key, &cm)
 	if apierrors.IsNotFound(err) {
@@ -174,7 +177,7 @@ func (k *Keeper) Find(ctx context.Context, ns string, names ...string) (*Tombsto
 		return nil, "", nil
 	}
 	for _, name := range names {
-		key := types.NamespacedName{Namespace: k.Namespace, Name: ConfigMapName(k.Prefix, ns, name)}
+		key := types.NamespacedName{Namespace: k.Namespace, Name: ConfigMapName(ns, name)}
 		var cm corev1.ConfigMap
 		err := k.Client.Get(ctx, key, &cm)
 		if apierrors.IsNotFound(err) {

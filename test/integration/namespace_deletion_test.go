@@ -173,6 +173,21 @@ var _ = Describe("a namespace deleted without an archive and created again", fun
 			"a Warning on each says why it was not sent as new")
 	})
 
+	It("keeps tombstones where another deployment serving the namespace later finds them", func() {
+		ns := newTenant()
+		bs := &hooksv1alpha1.BillingSettlement{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "inference-stl-0123456789abcdef0123456789abcdef"},
+			Spec:   hooksv1alpha1.BillingSettlementSpec{IdempotencyKey: "stl_0123456789abcdef0123456789abcdef"},
+			Status: hooksv1alpha1.BillingSettlementStatus{State: hooksv1alpha1.SettlementSettled}}
+		Expect(tombstones.Record(ctx, bs)).To(Succeed())
+		// The namespace, created again, is served by another deployment (another leader
+		// election ID) in the same operator namespace: it must find the earlier life's keys.
+		other := &tombstone.Keeper{Client: k8s, Namespace: operatorNamespace}
+		found, _, err := other.Find(ctx, ns, bs.Name)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(found).NotTo(BeNil(), "a tombstone only the deployment that wrote it can find: the namespace's next deployment charges the key again")
+		Expect(found.IdempotencyKey).To(Equal(bs.Spec.IdempotencyKey))
+	})
+
 	It("holds a settlement whose tombstone cannot be written, says why, and lets it go once it can", func() {
 		ns := newTenant()
 		sendOK(ns, "msg_nsdel_full", jobEvent("job-nsdel-full", 1, 90))
@@ -180,7 +195,7 @@ var _ = Describe("a namespace deleted without an archive and created again", fun
 		bs := settlementOf(ns, "job-nsdel-full")
 		// The namespace's tombstone ConfigMap that would take it is full.
 		full := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: operatorNamespace,
-			Name:   tombstone.ConfigMapName(tombstones.Prefix, ns, bs.Name),
+			Name:   tombstone.ConfigMapName(ns, bs.Name),
 			Labels: map[string]string{hooksv1alpha1.LabelTombstonesOf: ns}},
 			Data: map[string]string{"filler": strings.Repeat("x", tombstone.MaxBytes)}}
 		Expect(k8s.Create(ctx, full)).To(Succeed())

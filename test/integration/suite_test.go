@@ -82,7 +82,7 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 
 	Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNamespace}})).To(Succeed())
-	tombstones = &tombstone.Keeper{Client: k8s, Namespace: operatorNamespace, Prefix: "settlement-operator.hooks.settlement.dev"}
+	tombstones = &tombstone.Keeper{Client: k8s, Namespace: operatorNamespace}
 
 	billing, err = fakebilling.Start(fakebilling.Options{Token: billingToken, UsagePrice: 100})
 	Expect(err).NotTo(HaveOccurred())
