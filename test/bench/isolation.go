@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"sync"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -62,45 +60,6 @@ type Isolation struct {
 	DurationSeconds float64 `json:"durationSeconds"`
 }
 
-// tarpitServer accepts connections and never answers, until it is closed.
-type tarpitServer struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-func startTarpit() (*tarpitServer, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	t := &tarpitServer{ln: ln}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			t.mu.Lock()
-			t.conns = append(t.conns, c)
-			t.mu.Unlock()
-			go func() { _, _ = io.Copy(io.Discard, c) }() // reads the request, never answers
-		}
-	}()
-	return t, nil
-}
-
-func (t *tarpitServer) url() string { return "http://" + t.ln.Addr().String() }
-
-func (t *tarpitServer) close() {
-	_ = t.ln.Close()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, c := range t.conns {
-		_ = c.Close()
-	}
-}
-
 // isolation runs item 7 on a control plane and a manager of its own.
 func (b *run) isolation(ctx context.Context, bin string) error {
 	cfg := b.cfg
@@ -120,11 +79,11 @@ func (b *run) isolation(ctx context.Context, bin string) error {
 		return err
 	}
 	defer func() { _ = billing.Close() }()
-	pit, err := startTarpit()
+	pit, err := fakebilling.StartTarpit()
 	if err != nil {
 		return err
 	}
-	defer pit.close()
+	defer pit.Close()
 	b.logf("item 7: starting the manager process")
 	op, err := startOperator(ctx, b.env, bin, b.dir, "isolation-manager", cfg.ManagerArgs, nil)
 	if err != nil {
@@ -162,7 +121,7 @@ func (b *run) isolation(ctx context.Context, bin string) error {
 	iso.Alone, iso.UnsettledAlone = measure("iso-alone")
 
 	// The tarpit's tenant exists only from here: alone means alone.
-	if err := tenant(ctx, b.k, tarpitNamespace, pit.url(), func(bp *hooksv1alpha1.BillingProvider) {
+	if err := tenant(ctx, b.k, tarpitNamespace, pit.URL(), func(bp *hooksv1alpha1.BillingProvider) {
 		bp.Spec.RequestTimeout = &metav1.Duration{Duration: time.Minute}
 	}); err != nil {
 		return err

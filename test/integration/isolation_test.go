@@ -2,8 +2,6 @@ package integration_test
 
 import (
 	"fmt"
-	"net"
-	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -11,47 +9,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/test/fakebilling"
 	"github.com/settlement-operator/settlement-operator/test/fixtures"
 )
 
-// tarpit is a billing provider that accepts every connection and never answers: the
-// worst a provider can do to the operator, since every call to it lasts its whole
-// requestTimeout. It holds the connections until the spec ends.
-type tarpit struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-func startTarpit() *tarpit {
+// startTarpit starts a billing provider that never answers, held until the spec ends.
+func startTarpit() *fakebilling.Tarpit {
 	GinkgoHelper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	t, err := fakebilling.StartTarpit()
 	Expect(err).NotTo(HaveOccurred())
-	t := &tarpit{ln: ln}
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return // closed
-			}
-			t.mu.Lock()
-			t.conns = append(t.conns, conn)
-			t.mu.Unlock()
-		}
-	}()
-	DeferCleanup(t.close)
+	DeferCleanup(t.Close)
 	return t
-}
-
-func (t *tarpit) url() string { return "http://" + t.ln.Addr().String() }
-
-func (t *tarpit) close() {
-	_ = t.ln.Close()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, c := range t.conns {
-		_ = c.Close()
-	}
 }
 
 // settledCount counts the settled settlements of a tenant's jobs job-0..job-(n-1).
@@ -87,7 +55,7 @@ var _ = Describe("a billing provider that never answers (docs/design.md §5.4)",
 		pit := startTarpit()
 		slow := newTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
 			bp.Name = fixtures.BillingProviderName
-			bp.Spec.Endpoint = pit.url()
+			bp.Spec.Endpoint = pit.URL()
 			bp.Spec.RequestTimeout = fixtures.Duration(time.Minute) // the most a provider may take
 		})
 		for i := range tarpitCharges {
