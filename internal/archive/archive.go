@@ -322,6 +322,49 @@ func hashOf(v any) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// row is one record as the archive stores it: its table, the columns an insert
+// writes (a column may carry a cast for its value, "usage_quantity::numeric") and their
+// values, the select list that reads the row back (over the table as t: the object as
+// readers get it, its stored content hash, whether the row is of 0001's form, its
+// seq), the columns beyond namespace and name that identify it (a job's version), and
+// check, which recomputes the content hash from what is stored next to the record's own.
+type row struct {
+	kind, namespace, name string
+	table                 string
+	columns               []string
+	values                []any
+	readBack              string
+	key                   []string
+	keyValues             []any
+	check                 func(stored []byte, legacy bool) (got, want string, err error)
+}
+
+// insertSQL is the row's single-row insert: ON CONFLICT DO NOTHING on every unique
+// constraint.
+func (r *row) insertSQL() string {
+	names := make([]string, len(r.columns))
+	params := make([]string, len(r.columns))
+	for i, c := range r.columns {
+		name, cast, _ := strings.Cut(c, "::")
+		names[i], params[i] = name, "$"+strconv.Itoa(i+1)
+		if cast != "" {
+			params[i] += "::" + cast
+		}
+	}
+	return "INSERT INTO " + r.table + " (" + strings.Join(names, ", ") + ") VALUES (" + strings.Join(params, ",") + ") ON CONFLICT DO NOTHING"
+}
+
+// readBackSQL reads the row under the record's own name (and key) back.
+func (r *row) readBackSQL() (string, []any) {
+	where := []string{"t.namespace = $1", "t.name = $2"}
+	args := []any{r.namespace, r.name}
+	for i, k := range r.key {
+		args = append(args, r.keyValues[i])
+		where = append(where, "t."+k+" = $"+strconv.Itoa(len(args)))
+	}
+	return "SELECT " + r.readBack + " FROM " + r.table + " t WHERE " + strings.Join(where, " AND "), args
+}
+
 // insertReadBack inserts one row (ON CONFLICT DO NOTHING: every unique constraint),
 // then reads the row under the record's own name back: its stored content hash, and
 // its content hash recomputed from what is stored (readBack selects the object as
@@ -329,14 +372,14 @@ func hashOf(v any) string {
 // which LastReadBack then covers). check
 // returns the recomputed hash and the archived record's own (of the same form). A row
 // that is missing after the insert means another record holds one of its keys.
-func (s *Store) insertReadBack(ctx context.Context, kind, ns, name, insert string, args []any,
-	readBack string, readArgs []any, check func(stored []byte, legacy bool) (got, want string, err error)) error {
+func (s *Store) insertReadBack(ctx context.Context, r *row) error {
+	kind, ns, name := r.kind, r.namespace, r.name
 	if err := s.ready(); err != nil {
 		return err
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	if _, err := s.pool.Exec(ctx, insert, args...); err != nil {
+	if _, err := s.pool.Exec(ctx, r.insertSQL(), r.values...); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
 			// A data exception (say, a NUL character): this record can never be
@@ -350,6 +393,7 @@ func (s *Store) insertReadBack(ctx context.Context, kind, ns, name, insert strin
 	var storedHash string
 	var legacy bool
 	var seq *int64
+	readBack, readArgs := r.readBackSQL()
 	err := s.pool.QueryRow(ctx, readBack, readArgs...).Scan(&stored, &storedHash, &legacy, &seq)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return &ConflictError{Kind: kind, Namespace: ns, Name: name,
@@ -358,7 +402,7 @@ func (s *Store) insertReadBack(ctx context.Context, kind, ns, name, insert strin
 	if err != nil {
 		return fmt.Errorf("read back %s %s/%s: %w", kind, ns, name, err)
 	}
-	got, want, err := check(stored, legacy)
+	got, want, err := r.check(stored, legacy)
 	if err != nil {
 		return fmt.Errorf("read back %s %s/%s: the stored object does not decode: %w", kind, ns, name, err)
 	}

@@ -135,20 +135,27 @@ func condTrue(conds []metav1.Condition, t string) bool {
 // event_receipt_object, the function that serves every later read, so what is checked
 // is what readers get.
 func (s *Store) ArchiveEvent(ctx context.Context, ev *hooksv1alpha1.WebhookEvent) error {
-	ops, _ := json.Marshal(operationsOf(ev))
-	extra, err := eventSpecExtra(&ev.Spec)
+	r, err := eventRow(ev)
 	if err != nil {
 		return err
 	}
-	return s.insertReadBack(ctx, "WebhookEvent", ev.Namespace, ev.Name,
-		`INSERT INTO event_receipts (namespace, name, uid, provider, event_id, event_type, payload_hash, received_at,
-			phase, operations, created_at, content_hash, spec_extra)
-		 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13) ON CONFLICT DO NOTHING`,
-		[]any{ev.Namespace, ev.Name, string(ev.UID), ev.Spec.Provider, ev.Spec.EventID, ev.Spec.EventType, ev.Spec.PayloadHash,
+	return s.insertReadBack(ctx, r)
+}
+
+// eventRow is an event receipt's row.
+func eventRow(ev *hooksv1alpha1.WebhookEvent) (*row, error) {
+	ops, _ := json.Marshal(operationsOf(ev))
+	extra, err := eventSpecExtra(&ev.Spec)
+	if err != nil {
+		return nil, err
+	}
+	return &row{kind: "WebhookEvent", namespace: ev.Namespace, name: ev.Name, table: "event_receipts",
+		columns: []string{"namespace", "name", "uid", "provider", "event_id", "event_type", "payload_hash", "received_at",
+			"phase", "operations", "created_at", "content_hash", "spec_extra"},
+		values: []any{ev.Namespace, ev.Name, string(ev.UID), ev.Spec.Provider, ev.Spec.EventID, ev.Spec.EventType, ev.Spec.PayloadHash,
 			ev.Spec.ReceivedAt.UTC(), string(ev.Status.Phase), ops, ev.CreationTimestamp.UTC(), EventReceiptHash(ev), extra},
-		`SELECT event_receipt_object(t), content_hash, t.object IS NOT NULL, t.seq FROM event_receipts t WHERE namespace = $1 AND name = $2`,
-		[]any{ev.Namespace, ev.Name},
-		func(stored []byte, legacy bool) (string, string, error) {
+		readBack: `event_receipt_object(t), t.content_hash, t.object IS NOT NULL, t.seq`,
+		check: func(stored []byte, legacy bool) (string, string, error) {
 			var got hooksv1alpha1.WebhookEvent
 			if err := json.Unmarshal(stored, &got); err != nil {
 				return "", "", err
@@ -157,7 +164,7 @@ func (s *Store) ArchiveEvent(ctx context.Context, ev *hooksv1alpha1.WebhookEvent
 				return EventContentHash(&got), EventContentHash(ev), nil
 			}
 			return EventReceiptHash(&got), EventReceiptHash(ev), nil
-		})
+		}}, nil
 }
 
 // eventExtra is the part of an event's spec a receipt keeps beyond its columns.
@@ -185,9 +192,18 @@ func eventSpecExtra(sp *hooksv1alpha1.WebhookEventSpec) ([]byte, error) {
 // its facts and rest the remainder of the object (migration 0002); the row is read back
 // through job_completion_object, the function every later read goes through.
 func (s *Store) ArchiveJobCompletion(ctx context.Context, jc *hooksv1alpha1.JobCompletion) error {
-	rest, err := jobRest(jc)
+	r, err := jobRow(jc)
 	if err != nil {
 		return err
+	}
+	return s.insertReadBack(ctx, r)
+}
+
+// jobRow is a job completion version's row.
+func jobRow(jc *hooksv1alpha1.JobCompletion) (*row, error) {
+	rest, err := jobRest(jc)
+	if err != nil {
+		return nil, err
 	}
 	c := jc.Spec.Completion
 	var meter, unit *string
@@ -195,16 +211,16 @@ func (s *Store) ArchiveJobCompletion(ctx context.Context, jc *hooksv1alpha1.JobC
 	if u := c.Usage; u != nil {
 		meter, unit, qty = &u.Meter, &u.Unit, &u.Quantity
 	}
-	return s.insertReadBack(ctx, "JobCompletion", jc.Namespace, jc.Name,
-		`INSERT INTO job_completions (namespace, name, uid, provider, job_id, version, job_state, state, applied_version,
-			completed_at, applied_at, usage_meter, usage_quantity, usage_unit, source_event, created_at, content_hash, rest)
-		 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13::numeric,$14,$15,$16,$17,$18) ON CONFLICT DO NOTHING`,
-		[]any{jc.Namespace, jc.Name, string(jc.UID), jc.Spec.Provider, jc.Spec.JobID, c.Version, string(c.State),
+	return &row{kind: "JobCompletion", namespace: jc.Namespace, name: jc.Name, table: "job_completions",
+		columns: []string{"namespace", "name", "uid", "provider", "job_id", "version", "job_state", "state", "applied_version",
+			"completed_at", "applied_at", "usage_meter", "usage_quantity::numeric", "usage_unit", "source_event", "created_at",
+			"content_hash", "rest"},
+		values: []any{jc.Namespace, jc.Name, string(jc.UID), jc.Spec.Provider, jc.Spec.JobID, c.Version, string(c.State),
 			string(jc.Status.State), jc.Status.AppliedVersion, ts(c.CompletedAt), ts(jc.Status.AppliedAt), meter, qty, unit,
 			c.SourceEvent, jc.CreationTimestamp.UTC(), JobContentHash(jc), rest},
-		`SELECT job_completion_object(t), content_hash, false, t.seq FROM job_completions t WHERE namespace = $1 AND name = $2 AND version = $3`,
-		[]any{jc.Namespace, jc.Name, c.Version},
-		rehash(JobContentHash, jc))
+		readBack: `job_completion_object(t), t.content_hash, false, t.seq`,
+		key:      []string{"version"}, keyValues: []any{c.Version},
+		check: rehash(JobContentHash, jc)}, nil
 }
 
 // jobRest is the part of a job completion's object that has no column: the object
@@ -239,9 +255,18 @@ func jobRest(jc *hooksv1alpha1.JobCompletion) ([]byte, error) {
 
 // ArchiveSettlement archives a settlement.
 func (s *Store) ArchiveSettlement(ctx context.Context, bs *hooksv1alpha1.BillingSettlement) error {
-	obj, err := objectJSON(bs, "BillingSettlement")
+	r, err := settlementRow(bs)
 	if err != nil {
 		return err
+	}
+	return s.insertReadBack(ctx, r)
+}
+
+// settlementRow is a settlement's row.
+func settlementRow(bs *hooksv1alpha1.BillingSettlement) (*row, error) {
+	obj, err := objectJSON(bs, "BillingSettlement")
+	if err != nil {
+		return nil, err
 	}
 	sp, st := &bs.Spec, &bs.Status
 	var meter, unit, qty, cur, ccur *string
@@ -267,22 +292,20 @@ func (s *Store) ArchiveSettlement(ctx context.Context, bs *hooksv1alpha1.Billing
 	if exposure == "" {
 		exposure = string(hooksv1alpha1.ExposureNone)
 	}
-	return s.insertReadBack(ctx, "BillingSettlement", bs.Namespace, bs.Name,
-		`INSERT INTO settlements (namespace, name, uid, billing_provider, settlement_key, idempotency_key, type, reverses,
-			customer, job_id, webhook_provider, source_event, usage_meter, usage_quantity, usage_unit, amount_minor,
-			amount_currency, charged_minor, charged_currency, state, exposure, attempts, provider_ref, provider_status,
-			sent_to_endpoint, sent_to_provider_uid, dead_lettered, reconciled, first_submitted_at, settled_at,
-			last_reconciled_at, created_at, content_hash, object)
-		 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14::numeric,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,
-			$27,$28,$29,$30,$31,$32,$33,$34) ON CONFLICT DO NOTHING`,
-		[]any{bs.Namespace, bs.Name, string(bs.UID), sp.BillingProviderRef, sp.SettlementKey, sp.IdempotencyKey, typ, sp.Reverses,
+	return &row{kind: "BillingSettlement", namespace: bs.Namespace, name: bs.Name, table: "settlements",
+		columns: []string{"namespace", "name", "uid", "billing_provider", "settlement_key", "idempotency_key", "type", "reverses",
+			"customer", "job_id", "webhook_provider", "source_event", "usage_meter", "usage_quantity::numeric", "usage_unit", "amount_minor",
+			"amount_currency", "charged_minor", "charged_currency", "state", "exposure", "attempts", "provider_ref", "provider_status",
+			"sent_to_endpoint", "sent_to_provider_uid", "dead_lettered", "reconciled", "first_submitted_at", "settled_at",
+			"last_reconciled_at", "created_at", "content_hash", "object"},
+		values: []any{bs.Namespace, bs.Name, string(bs.UID), sp.BillingProviderRef, sp.SettlementKey, sp.IdempotencyKey, typ, sp.Reverses,
 			sp.Customer, sp.JobID, sp.WebhookProvider, sp.SourceEvent, meter, qty, unit, minor, cur, cminor, ccur,
 			string(st.State), exposure, st.Attempts, st.ProviderRef, st.ProviderStatus, endpoint, bpUID,
 			condTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered), condTrue(st.Conditions, hooksv1alpha1.ConditionReconciled),
 			ts(st.FirstSubmittedAt), ts(st.SettledAt), ts(st.LastReconciledAt), bs.CreationTimestamp.UTC(),
 			SettlementContentHash(bs), obj},
-		`SELECT object, content_hash, false, seq FROM settlements WHERE namespace = $1 AND name = $2`, []any{bs.Namespace, bs.Name},
-		rehash(SettlementContentHash, bs))
+		readBack: `t.object, t.content_hash, false, t.seq`,
+		check:    rehash(SettlementContentHash, bs)}, nil
 }
 
 // EventReceipt is an archived event's identity and outcome.
