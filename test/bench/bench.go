@@ -240,6 +240,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 			return nil, fmt.Errorf("archive: %w", err)
 		}
 	}
+	b.throughput()
 	b.res.Machine.LoadAverageEnd = loadAverage()
 	b.res.DurationSeconds = round(time.Since(b.start).Seconds(), 1)
 	return b.res, nil

@@ -31,6 +31,8 @@ type Results struct {
 	Archive *ArchivePhase `json:"archive,omitempty"`
 	// Isolation is item 7, outbound isolation (absent when skipped).
 	Isolation *Isolation `json:"isolation,omitempty"`
+	// Throughput sets the run's figures beside the pipeline's targets (throughput.go).
+	Throughput *Throughput `json:"throughput,omitempty"`
 	// Profiles are CPU profiles of the manager and the API server while the pipeline
 	// was busy.
 	Profiles []Profile `json:"profiles,omitempty"`
@@ -587,6 +589,7 @@ func (r *Results) PrintTable(out io.Writer) {
 	if r.Archive != nil {
 		r.Archive.print(w)
 	}
+	printThroughput(w, r.Throughput)
 	for _, p := range r.Profiles {
 		fmt.Fprintf(w, "CPU PROFILE of the %s, %s (%.0f s sampled, %.1f CPU-s; %s)\tflat s\tflat %%\tcum s\tcum %%\n",
 			p.Process, p.Phase, p.Seconds, p.SampledCPUSeconds, p.File)
