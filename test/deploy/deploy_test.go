@@ -178,9 +178,9 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		before := stableResourceVersions()
 		rendered, err := os.ReadFile(install)
 		Expect(err).NotTo(HaveOccurred())
-		upgraded := strings.Replace(string(rendered), "image: settlement-operator:latest",
+		upgraded := strings.Replace(string(rendered), "image: settlement-operator:v0.1.0",
 			"image: registry.example.com/settlement-operator:v0.2.0", 1)
-		Expect(upgraded).NotTo(Equal(string(rendered)), "the installer names the image settlement-operator:latest")
+		Expect(upgraded).NotTo(Equal(string(rendered)), "the installer names the image settlement-operator:v0.1.0")
 		path := filepath.Join(workDir, "install-v0.2.0.yaml")
 		Expect(os.WriteFile(path, []byte(upgraded), 0o600)).To(Succeed())
 		kubectl(adminKC, "apply", "--server-side", "-f", path)

@@ -33,18 +33,33 @@ import (
 const chartKubeVersion = "v1.37.2" // the envtest control plane's
 
 // renderChart renders the chart as `helm install <release> -n <namespace>` would,
-// with the given values over values.yaml, and returns its objects in a stable order.
+// with the given values over values.yaml, and returns the objects it installs (hooks
+// left out, as helm install leaves out `helm test`'s) in a stable order.
 func renderChart(release, namespace string, values map[string]any) []*unstructured.Unstructured {
+	GinkgoHelper()
+	objs, _ := renderChartAndHooks(release, namespace, values)
+	return objs
+}
+
+// renderChartAndHooks renders the chart and returns apart the objects it installs and
+// its hooks (annotation helm.sh/hook), each in a stable order.
+func renderChartAndHooks(release, namespace string, values map[string]any) (objs, hooks []*unstructured.Unstructured) {
 	GinkgoHelper()
 	files, err := renderChartE(release, namespace, values)
 	Expect(err).NotTo(HaveOccurred())
-	var out []*unstructured.Unstructured
 	for _, name := range slices.Sorted(maps.Keys(files)) {
-		if strings.HasSuffix(name, ".yaml") {
-			out = append(out, decodeAll(files[name])...)
+		if !strings.HasSuffix(name, ".yaml") {
+			continue
+		}
+		for _, o := range decodeAll(files[name]) {
+			if _, hook := o.GetAnnotations()["helm.sh/hook"]; hook {
+				hooks = append(hooks, o)
+			} else {
+				objs = append(objs, o)
+			}
 		}
 	}
-	return out
+	return objs, hooks
 }
 
 // renderChartE renders the chart, checking the values against values.schema.json as
