@@ -9,6 +9,9 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
@@ -16,7 +19,7 @@ import (
 )
 
 // What a release of the chart needs beyond installing the same objects as the
-// installer: a pinned version.
+// installer: a pinned version and a `helm lint --strict` that passes.
 
 func chartDir() string { return filepath.Join(testenv.RepoRoot(), "charts", "settlement-operator") }
 
@@ -34,6 +37,23 @@ var everyToggle = map[string]any{
 	"metrics": map[string]any{"certSecret": "metrics-tls", "serviceMonitor": map[string]any{"enabled": true},
 		"prometheusRule": map[string]any{"enabled": true}},
 	"controllers": map[string]any{"watchNamespaces": "tenant-a,tenant-b"},
+}
+
+// helmLint runs what `helm lint --strict` runs (the Helm SDK's lint package, the same
+// rules: Chart.yaml, values against values.schema.json, every template rendered and
+// checked as Kubernetes objects) and returns the messages that fail --strict: warnings
+// and errors.
+func helmLint(values map[string]any) []string {
+	GinkgoHelper()
+	kv := &chartutil.KubeVersion{Version: chartKubeVersion, Major: "1", Minor: "37"}
+	l := lint.AllWithKubeVersionAndSchemaValidation(chartDir(), values, "settlement-operator-system", kv, false)
+	var failing []string
+	for _, m := range l.Messages {
+		if m.Severity >= support.WarningSev {
+			failing = append(failing, m.Error())
+		}
+	}
+	return failing
 }
 
 var _ = Describe("the Helm chart's release", func() {
@@ -79,6 +99,15 @@ var _ = Describe("the Helm chart's release", func() {
 		installer, err := os.ReadFile(install)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(installer)).NotTo(MatchRegexp(`image: \S*:latest`))
+	})
+
+	It("passes helm lint --strict with default values and with every toggle on, and lint fails bad values", func() {
+		Expect(helmLint(nil)).To(BeEmpty())
+		Expect(helmLint(everyToggle)).To(BeEmpty())
+		// The same run refuses what helm install would refuse.
+		Expect(helmLint(map[string]any{"replicas": "two"})).To(ContainElement(ContainSubstring("replicas")))
+		Expect(helmLint(map[string]any{"metrics": map[string]any{"servicemonitor": map[string]any{"enabled": true}}})).
+			To(ContainElement(ContainSubstring("servicemonitor")))
 	})
 })
 

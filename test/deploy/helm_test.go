@@ -202,6 +202,15 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 			{map[string]any{"recordProtection": map[string]any{"compensators": map[string]any{"users": []any{"a@example.com,b@example.com"}}}}, "compensators"},
 			{map[string]any{"recordProtection": map[string]any{"compensators": map[string]any{"group": []any{"finance"}}}}, "group"},
 			{map[string]any{"replicas": 2, "leaderElection": map[string]any{"enabled": false}}, "replicas: 2 needs leaderElection.enabled: true"},
+			// A misspelt key is refused, not silently ignored (the ServiceMonitor would
+			// not be installed, nobody would notice until an alert did not fire).
+			{map[string]any{"metrics": map[string]any{"servicemonitor": map[string]any{"enabled": true}}}, "'servicemonitor' not allowed"},
+			{map[string]any{"replica": 3}, "'replica' not allowed"},
+			{map[string]any{"metrics": map[string]any{"serviceMonitor": map[string]any{"interval": "30 seconds"}}}, "interval"},
+			{map[string]any{"image": map[string]any{"tag": "v1.2.3 "}}, "/image/tag"},
+			{map[string]any{"controllers": map[string]any{"watchNamespaces": "tenant-a, tenant-b"}}, "watchNamespaces"},
+			{map[string]any{"podAnnotations": map[string]any{"prometheus.io/scrape": true}}, "podAnnotations"},
+			{map[string]any{"archive": map[string]any{"secretName": "Settlement Archive"}}, "/archive/secretName"},
 		} {
 			_, err := renderChartE("settlement-operator", operatorNamespace, bad.values)
 			Expect(err).To(MatchError(ContainSubstring(bad.says)), "%v", bad.values)

@@ -43,3 +43,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The metrics Service: config/default's name, <fullname>-controller-manager-metrics-service,
+while it is a valid Service name (63 characters at most), else <fullname>-metrics; a
+longer name would make the whole install fail.
+*/}}
+{{- define "so.metricsServiceName" -}}
+{{- $long := printf "%s-controller-manager-metrics-service" (include "so.fullname" .) -}}
+{{- if le (len $long) 63 -}}
+{{- $long -}}
+{{- else -}}
+{{- include "so.fullname" . }}-metrics
+{{- end -}}
+{{- end -}}
