@@ -14,12 +14,15 @@ import (
 	"helm.sh/helm/v3/pkg/lint/support"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
 
 // What a release of the chart needs beyond installing the same objects as the
-// installer: a pinned version and a `helm lint --strict` that passes.
+// installer: a pinned version, a `helm lint --strict` that passes and a ServiceMonitor
+// in the Prometheus Operator's current form.
 
 func chartDir() string { return filepath.Join(testenv.RepoRoot(), "charts", "settlement-operator") }
 
@@ -54,6 +57,70 @@ func helmLint(values map[string]any) []string {
 		}
 	}
 	return failing
+}
+
+func byKind(objs []*unstructured.Unstructured) map[string][]*unstructured.Unstructured {
+	out := map[string][]*unstructured.Unstructured{}
+	for _, o := range objs {
+		out[o.GetKind()] = append(out[o.GetKind()], o)
+	}
+	return out
+}
+
+// serviceMonitorEndpoint returns the one endpoint of the one ServiceMonitor in objs.
+func serviceMonitorEndpoint(objs []*unstructured.Unstructured) map[string]any {
+	GinkgoHelper()
+	sms := byKind(objs)["ServiceMonitor"]
+	Expect(sms).To(HaveLen(1))
+	endpoints, _, err := unstructured.NestedSlice(sms[0].Object, "spec", "endpoints")
+	Expect(err).NotTo(HaveOccurred())
+	Expect(endpoints).To(HaveLen(1))
+	return endpoints[0].(map[string]any)
+}
+
+// expectScraperIdentity checks that the ServiceMonitor in objs authenticates with the
+// token Secret in objs of a ServiceAccount in objs bound (only) to the metrics-reader
+// ClusterRole: what Prometheus sends is a token the manager accepts for /metrics.
+func expectScraperIdentity(objs []*unstructured.Unstructured, metricsReader string) {
+	GinkgoHelper()
+	ep := serviceMonitorEndpoint(objs)
+	Expect(ep).NotTo(HaveKey("bearerTokenFile"), "deprecated in the Prometheus Operator")
+	Expect(ep).NotTo(HaveKey("bearerTokenSecret"), "deprecated in the Prometheus Operator")
+	Expect(ep).To(HaveKey("authorization"))
+	Expect(ep["authorization"]).To(SatisfyAll(HaveKeyWithValue("type", "Bearer"), HaveKeyWithValue("credentials",
+		SatisfyAll(HaveLen(2), HaveKeyWithValue("name", HaveSuffix("-metrics-scraper-token")), HaveKeyWithValue("key", "token")))))
+	Expect(ep).To(HaveKeyWithValue("scheme", "https"))
+	Expect(ep).To(HaveKeyWithValue("tlsConfig", HaveKeyWithValue("insecureSkipVerify", true)),
+		"the manager's certificate is self-signed by default")
+	secretName, _, _ := unstructured.NestedString(ep, "authorization", "credentials", "name")
+	kinds := byKind(objs)
+	sm := kinds["ServiceMonitor"][0]
+
+	var secret *corev1.Secret
+	for _, o := range kinds["Secret"] {
+		if o.GetName() == secretName {
+			s := decode[corev1.Secret](o)
+			secret = &s
+		}
+	}
+	Expect(secret).NotTo(BeNil(), "the ServiceMonitor's Secret %s is installed with it", secretName)
+	Expect(secret.Namespace).To(Equal(sm.GetNamespace()), "the Prometheus Operator reads it from the ServiceMonitor's namespace")
+	Expect(secret.Type).To(Equal(corev1.SecretTypeServiceAccountToken), "Kubernetes fills it with key token")
+	saName := secret.Annotations[corev1.ServiceAccountNameKey]
+	sas := kinds["ServiceAccount"]
+	Expect(sas).To(ContainElement(SatisfyAll(HaveField("Object", HaveKeyWithValue("automountServiceAccountToken", false)),
+		WithTransform(func(o *unstructured.Unstructured) string { return o.GetNamespace() + "/" + o.GetName() },
+			Equal(secret.Namespace+"/"+saName)))), "the token's ServiceAccount is installed with it, and runs no Pod")
+	var bound []string
+	for _, o := range kinds["ClusterRoleBinding"] {
+		b := decode[rbacv1.ClusterRoleBinding](o)
+		for _, s := range b.Subjects {
+			if s.Kind == "ServiceAccount" && s.Namespace == secret.Namespace && s.Name == saName {
+				bound = append(bound, b.RoleRef.Kind+"/"+b.RoleRef.Name)
+			}
+		}
+	}
+	Expect(bound).To(ConsistOf("ClusterRole/"+metricsReader), "the scraper may get /metrics and nothing else")
 }
 
 var _ = Describe("the Helm chart's release", func() {
@@ -104,10 +171,40 @@ var _ = Describe("the Helm chart's release", func() {
 	It("passes helm lint --strict with default values and with every toggle on, and lint fails bad values", func() {
 		Expect(helmLint(nil)).To(BeEmpty())
 		Expect(helmLint(everyToggle)).To(BeEmpty())
+		Expect(helmLint(map[string]any{"metrics": map[string]any{"serviceMonitor": map[string]any{"enabled": true,
+			"token": map[string]any{"existingSecret": "prometheus-token"}}}})).To(BeEmpty())
 		// The same run refuses what helm install would refuse.
 		Expect(helmLint(map[string]any{"replicas": "two"})).To(ContainElement(ContainSubstring("replicas")))
 		Expect(helmLint(map[string]any{"metrics": map[string]any{"servicemonitor": map[string]any{"enabled": true}}})).
 			To(ContainElement(ContainSubstring("servicemonitor")))
+	})
+
+	It("scrapes with the authorization of a token Secret of a ServiceAccount that may only get /metrics", func() {
+		objs := renderChart("acme", "billing", map[string]any{
+			"metrics": map[string]any{"serviceMonitor": map[string]any{"enabled": true}}})
+		expectScraperIdentity(objs, "acme-settlement-operator-metrics-reader")
+		// The ClusterRole it is bound to is the chart's.
+		Expect(byKind(objs)["ClusterRole"]).To(ContainElement(WithTransform(
+			(*unstructured.Unstructured).GetName, Equal("acme-settlement-operator-metrics-reader"))))
+
+		// A token from elsewhere (a secret store): the chart creates no identity of its own.
+		objs = renderChart("acme", "billing", map[string]any{"metrics": map[string]any{"serviceMonitor": map[string]any{
+			"enabled": true, "token": map[string]any{"existingSecret": "vault-prometheus-token", "key": "jwt"}}}})
+		Expect(serviceMonitorEndpoint(objs)).To(HaveKeyWithValue("authorization", map[string]any{"type": "Bearer",
+			"credentials": map[string]any{"name": "vault-prometheus-token", "key": "jwt"}}))
+		for _, o := range objs {
+			Expect(o.GetName()).NotTo(ContainSubstring("metrics-scraper"), objectKey(o))
+		}
+
+		// With its own certificate, the scrape verifies it: the CA from a Secret, the
+		// metrics Service's DNS name unless told otherwise.
+		objs = renderChart("acme", "billing", map[string]any{"metrics": map[string]any{"certSecret": "acme-metrics-tls",
+			"serviceMonitor": map[string]any{"enabled": true, "insecureSkipVerify": false,
+				"caSecret": map[string]any{"name": "acme-metrics-ca"}}}})
+		Expect(serviceMonitorEndpoint(objs)).To(HaveKeyWithValue("tlsConfig", map[string]any{
+			"insecureSkipVerify": false,
+			"ca":                 map[string]any{"secret": map[string]any{"name": "acme-metrics-ca", "key": "ca.crt"}},
+			"serverName":         "acme-settlement-operator-controller-manager-metrics-service.billing.svc"}))
 	})
 })
 

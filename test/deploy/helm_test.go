@@ -206,6 +206,8 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 			// not be installed, nobody would notice until an alert did not fire).
 			{map[string]any{"metrics": map[string]any{"servicemonitor": map[string]any{"enabled": true}}}, "'servicemonitor' not allowed"},
 			{map[string]any{"replica": 3}, "'replica' not allowed"},
+			{map[string]any{"metrics": map[string]any{"serviceMonitor": map[string]any{"token": map[string]any{"key": ""}}}}, "/metrics/serviceMonitor/token/key"},
+			{map[string]any{"metrics": map[string]any{"serviceMonitor": map[string]any{"token": map[string]any{"existingSecret": "Prometheus Token"}}}}, "existingSecret"},
 			{map[string]any{"metrics": map[string]any{"serviceMonitor": map[string]any{"interval": "30 seconds"}}}, "interval"},
 			{map[string]any{"image": map[string]any{"tag": "v1.2.3 "}}, "/image/tag"},
 			{map[string]any{"controllers": map[string]any{"watchNamespaces": "tenant-a, tenant-b"}}, "watchNamespaces"},
@@ -259,6 +261,8 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 			Expect(o.GetNamespace()).To(Equal(ns))
 			Expect(o.GetLabels()).To(HaveKeyWithValue("release", "prometheus"))
 		}
+		// Its scraper identity is applied with the rest (below).
+		expectScraperIdentity(rendered, release+"-settlement-operator-metrics-reader")
 
 		var dep appsv1.Deployment
 		for _, o := range apply {
@@ -305,6 +309,15 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 		Expect(kubectl(adminKC, "apply", "--server-side", "--field-manager=helm", "-f", path)).To(ContainSubstring("serverside-applied"))
 		kubectl(adminKC, "apply", "--server-side", "--field-manager=helm", "-f", path)
 		Expect(recordProtectionParam(apply)).To(Equal(ns + "/" + dep.Spec.Template.Spec.ServiceAccountName))
+		// The ServiceMonitor's token is of a ServiceAccount that may get /metrics (what
+		// the manager's metrics filter asks the API server) and nothing else.
+		scraper := "--as=system:serviceaccount:" + ns + ":" + release + "-settlement-operator-metrics-scraper"
+		Expect(kubectl(adminKC, "auth", "can-i", "get", "/metrics", scraper)).To(Equal("yes\n"))
+		for _, what := range [][]string{{"get", "secrets", "-n", ns}, {"list", "webhookevents.hooks.settlement.dev", "-A"}, {"get", "/debug/pprof/"}} {
+			out, _, err := kubectlE(adminKC, append([]string{"auth", "can-i", scraper}, what...)...)
+			Expect(err).To(HaveOccurred(), "the scraper may %v", what)
+			Expect(out).To(Equal("no\n"))
+		}
 		// The compensators of the values are on the binding's parameter, where the policy
 		// reads them.
 		var sa corev1.ServiceAccount
