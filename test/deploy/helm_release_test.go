@@ -1,9 +1,11 @@
 package deploy_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -21,8 +23,8 @@ import (
 )
 
 // What a release of the chart needs beyond installing the same objects as the
-// installer: a pinned version, a `helm lint --strict` that passes and a ServiceMonitor
-// in the Prometheus Operator's current form.
+// installer: a pinned version, a `helm lint --strict` that passes, a ServiceMonitor in
+// the Prometheus Operator's current form, and a `helm test` hook.
 
 func chartDir() string { return filepath.Join(testenv.RepoRoot(), "charts", "settlement-operator") }
 
@@ -206,6 +208,58 @@ var _ = Describe("the Helm chart's release", func() {
 			"ca":                 map[string]any{"secret": map[string]any{"name": "acme-metrics-ca", "key": "ca.crt"}},
 			"serverName":         "acme-settlement-operator-controller-manager-metrics-service.billing.svc"}))
 	})
+
+	It("has a helm test hook: the manager's image checks that the receiver answers a signed delivery and refuses another key", func() {
+		_, hooks := renderChartAndHooks("acme", "billing", nil)
+		kinds := byKind(hooks)
+		Expect(kinds).To(HaveLen(3))
+		Expect(kinds["Secret"]).To(HaveLen(1))
+		Expect(kinds["WebhookProvider"]).To(HaveLen(1))
+		Expect(kinds["Pod"]).To(HaveLen(1))
+		for _, o := range hooks {
+			Expect(o.GetAnnotations()).To(HaveKeyWithValue("helm.sh/hook", "test"), objectKey(o))
+			Expect(o.GetAnnotations()).To(HaveKeyWithValue("helm.sh/hook-delete-policy", "before-hook-creation,hook-succeeded"), objectKey(o))
+			Expect(o.GetNamespace()).To(Equal("billing"), objectKey(o))
+		}
+		// The WebhookProvider routes nothing: the check can store no record.
+		Expect(kinds["WebhookProvider"][0].Object).NotTo(HaveKeyWithValue("spec", HaveKey("routes")))
+		Expect(kinds["WebhookProvider"][0].Object).NotTo(HaveKeyWithValue("spec", HaveKey("storeUnroutedEvents")))
+		pod := decode[corev1.Pod](kinds["Pod"][0])
+		Expect(pod.Spec.Containers).To(HaveLen(1))
+		c := pod.Spec.Containers[0]
+		Expect(c.Image).To(Equal("settlement-operator:"+chartAppVersion()), "the manager's image: nothing else to pull")
+		Expect(c.Command).To(Equal([]string{"/manager"}))
+		Expect(c.Args).To(Equal([]string{"check-receiver",
+			"--url=http://acme-settlement-operator-webhook-receiver.billing.svc:80/webhooks/billing/acme-settlement-operator-helm-test",
+			"--secret-file=/etc/settlement-operator/helm-test/key", "--timeout=2m"}))
+		Expect(pod.Spec.AutomountServiceAccountToken).To(HaveValue(BeFalse()))
+		Expect(pod.Spec.RestartPolicy).To(Equal(corev1.RestartPolicyNever))
+
+		// A release serving other namespaces tests in the first it serves.
+		_, hooks = renderChartAndHooks("acme", "billing", map[string]any{"controllers": map[string]any{"watchNamespaces": "tenant-a,tenant-b"}})
+		var where []string
+		for _, o := range hooks {
+			where = append(where, objectKey(o))
+		}
+		Expect(where).To(ConsistOf("Secret/billing/acme-settlement-operator-helm-test",
+			"Secret/tenant-a/acme-settlement-operator-helm-test",
+			"WebhookProvider/tenant-a/acme-settlement-operator-helm-test", "Pod/billing/acme-settlement-operator-helm-test"))
+		keys := map[string]bool{}
+		for _, o := range byKind(hooks)["Secret"] {
+			k, _, _ := unstructured.NestedString(o.Object, "stringData", "key")
+			Expect(k).To(MatchRegexp(`^whsec_[A-Za-z0-9+/]{40,}={0,2}$`))
+			keys[k] = true
+		}
+		Expect(keys).To(HaveLen(1), "the Pod signs with the provider's key")
+		pod = decode[corev1.Pod](byKind(hooks)["Pod"][0])
+		Expect(pod.Spec.Containers[0].Args).To(ContainElement(HaveSuffix("/webhooks/tenant-a/acme-settlement-operator-helm-test")))
+
+		// One that lists its own namespace tests there.
+		_, hooks = renderChartAndHooks("acme", "billing", map[string]any{"controllers": map[string]any{"watchNamespaces": "tenant-a,billing"}})
+		for _, o := range hooks {
+			Expect(o.GetNamespace()).To(Equal("billing"), objectKey(o))
+		}
+	})
 })
 
 // slicesWithout returns env without the variables of the given prefixes.
@@ -221,4 +275,72 @@ next:
 		out = append(out, kv)
 	}
 	return out
+}
+
+// expectHelmTestPasses applies the chart's test hooks to the API server as `helm test`
+// creates them (the Pod is admitted by the restricted Pod Security Standard of the
+// release namespace, but no kubelet runs it here), then runs the Pod's command, the
+// manager binary with the Pod's arguments and its mounted key, against the replica r,
+// as the Pod would through the receiver Service. It must pass, store nothing, and fail
+// with another key.
+func expectHelmTestPasses(hooks []*unstructured.Unstructured, releaseNS, testNS string, r *replica) {
+	GinkgoHelper()
+	kubectl(adminKC, "create", "namespace", testNS)
+	// The Pod Security admission is in force: a Pod without the restricted settings is refused.
+	refused(adminKC, `violates PodSecurity "restricted:latest"`, "run", "-n", releaseNS, "unrestricted",
+		"--image=settlement-operator:v0.1.0", "--restart=Never")
+	var manifest strings.Builder
+	for _, o := range hooks {
+		b, err := o.MarshalJSON()
+		Expect(err).NotTo(HaveOccurred())
+		manifest.Write(b)
+		manifest.WriteString("\n")
+	}
+	path := filepath.Join(workDir, "helm-test-hooks.json")
+	Expect(os.WriteFile(path, []byte(manifest.String()), 0o600)).To(Succeed())
+	out, stderr, err := kubectlE(adminKC, "create", "-f", path)
+	Expect(err).NotTo(HaveOccurred(), "%s%s", out, stderr)
+	Expect(out).To(ContainSubstring("pod/"), "the test Pod is admitted")
+
+	var pod corev1.Pod
+	var key string
+	for _, o := range hooks {
+		switch o.GetKind() {
+		case "Pod":
+			pod = decode[corev1.Pod](o)
+		case "Secret":
+			key, _, _ = unstructured.NestedString(o.Object, "stringData", "key")
+		}
+	}
+	Expect(pod.Spec.Volumes).To(HaveLen(1))
+	Expect(pod.Spec.Volumes[0].Secret.SecretName).To(Equal(pod.Name))
+	mount := pod.Spec.Containers[0].VolumeMounts[0].MountPath
+	dir := filepath.Join(workDir, "helm-test-pod")
+	Expect(os.MkdirAll(dir, 0o700)).To(Succeed())
+	Expect(os.WriteFile(filepath.Join(dir, "key"), []byte(key), 0o600)).To(Succeed())
+	Expect(os.WriteFile(filepath.Join(dir, "other-key"), []byte("whsec_"+"b3RoZXIga2V5IG9mIDMyIGJ5dGVzIGZvciB0aGUgdGVzdA=="), 0o600)).To(Succeed())
+
+	// The Pod's arguments, with the Service's address as the replica's and the mount as dir.
+	podArgs := func(keyFile string) []string {
+		var args []string
+		for _, a := range pod.Spec.Containers[0].Args {
+			a = regexp.MustCompile(`^--url=http://[^/]+/`).ReplaceAllString(a, "--url=http://"+r.receiver+"/")
+			a = strings.Replace(a, mount+"/key", filepath.Join(dir, keyFile), 1)
+			args = append(args, a)
+		}
+		return args
+	}
+	Expect(pod.Spec.Containers[0].Command).To(Equal([]string{"/manager"}))
+	check := exec.Command(managerBin, podArgs("key")...)
+	outB, err := check.CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "helm test's check failed:\n%s", outB)
+	Expect(string(outB)).To(SatisfyAll(ContainSubstring(`200 {`), ContainSubstring(`"status":"ignored"`), ContainSubstring("another key: 401")))
+	fmt.Fprintf(GinkgoWriter, "helm test's check:\n%s", outB)
+	Expect(kubectl(adminKC, "get", "webhookevents", "-n", testNS, "-o", "name")).To(BeEmpty(), "the check stores nothing")
+
+	// Signed with a key that is not the provider's, the check fails and says so.
+	check = exec.Command(managerBin, append(podArgs("other-key"), "--timeout=5s")...)
+	outB, err = check.CombinedOutput()
+	Expect(err).To(HaveOccurred())
+	Expect(string(outB)).To(ContainSubstring("FAIL: a delivery signed with the test provider's key was answered 401"))
 }

@@ -226,7 +226,7 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 
 	It("applies server-side to the API server with every toggle on, and runs the manager as the chart's ServiceAccount", func() {
 		const release, ns = "acme", "billing-helm"
-		rendered := renderChart(release, ns, map[string]any{
+		rendered, hooks := renderChartAndHooks(release, ns, map[string]any{
 			"image":          map[string]any{"repository": "registry.example.com/settlement-operator", "tag": "v1.2.3"},
 			"replicas":       3,
 			"resources":      map[string]any{"requests": map[string]any{"cpu": "50m", "memory": "64Mi"}},
@@ -301,6 +301,9 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 		path := filepath.Join(dir, "release.json")
 		Expect(os.WriteFile(path, []byte(manifest.String()), 0o600)).To(Succeed())
 		kubectl(adminKC, "create", "namespace", ns)
+		// The restricted Pod Security Standard, as the README asks of the release
+		// namespace: `helm test`'s Pod must be admitted there.
+		kubectl(adminKC, "label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
 		DeferCleanup(func() {
 			// The chart's record-protection binding knows only this release's manager:
 			// it goes with the release, so the installer's specs see their own alone.
@@ -385,5 +388,7 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 			g.Expect(lease.Spec.HolderIdentity).To(HaveValue(Not(BeEmpty())))
 		}).Should(Succeed())
 		Expect(r.session.ExitCode()).To(Equal(-1), "the manager keeps running")
+
+		expectHelmTestPasses(hooks, ns, "tenant-a", r)
 	})
 })
