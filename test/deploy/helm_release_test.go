@@ -173,6 +173,10 @@ var _ = Describe("the Helm chart's release", func() {
 	It("passes helm lint --strict with default values and with every toggle on, and lint fails bad values", func() {
 		Expect(helmLint(nil)).To(BeEmpty())
 		Expect(helmLint(everyToggle)).To(BeEmpty())
+		// The longest prefix the schema admits still gives valid names (Services: 63
+		// characters); lint's own release name, test-release, is 12 characters.
+		Expect(helmLint(map[string]any{"fullnameOverride": strings.Repeat("a", 40),
+			"metrics": map[string]any{"serviceMonitor": map[string]any{"enabled": true}}})).To(BeEmpty())
 		Expect(helmLint(map[string]any{"metrics": map[string]any{"serviceMonitor": map[string]any{"enabled": true,
 			"token": map[string]any{"existingSecret": "prometheus-token"}}}})).To(BeEmpty())
 		// The same run refuses what helm install would refuse.
