@@ -1,6 +1,9 @@
 # settlement-operator Makefile, in the kubebuilder go/v4 tradition.
 
-IMG ?= settlement-operator:latest
+# The release: the chart's appVersion (charts/settlement-operator/Chart.yaml), the one
+# place it is written; the image is tagged with it, never latest.
+VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' charts/settlement-operator/Chart.yaml)
+IMG ?= settlement-operator:$(VERSION)
 
 # Tool versions are pinned here; binaries are installed into ./bin on first use.
 CONTROLLER_TOOLS_VERSION ?= v0.23.0

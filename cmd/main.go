@@ -56,6 +56,9 @@ func init() {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == checkReceiverCommand {
+		os.Exit(checkReceiver(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	var (
 		metricsAddr          string
 		probeAddr            string

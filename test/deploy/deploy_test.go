@@ -178,9 +178,9 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		before := stableResourceVersions()
 		rendered, err := os.ReadFile(install)
 		Expect(err).NotTo(HaveOccurred())
-		upgraded := strings.Replace(string(rendered), "image: settlement-operator:latest",
+		upgraded := strings.Replace(string(rendered), "image: settlement-operator:v0.1.0",
 			"image: registry.example.com/settlement-operator:v0.2.0", 1)
-		Expect(upgraded).NotTo(Equal(string(rendered)), "the installer names the image settlement-operator:latest")
+		Expect(upgraded).NotTo(Equal(string(rendered)), "the installer names the image settlement-operator:v0.1.0")
 		path := filepath.Join(workDir, "install-v0.2.0.yaml")
 		Expect(os.WriteFile(path, []byte(upgraded), 0o600)).To(Succeed())
 		kubectl(adminKC, "apply", "--server-side", "-f", path)
@@ -821,14 +821,32 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		}
 
 		// The ServiceMonitor's CRD belongs to the Prometheus Operator, so it is checked
-		// against the installer rather than applied.
+		// against the installer rather than applied; the identity it scrapes as is applied.
 		// Its alerts are checked by test/prometheus (PromQL, metric names, runbook links).
 		monitoring := decodeAll(run(kustomize, "build", filepath.Join(testenv.RepoRoot(), "config", "prometheus")))
-		Expect(monitoring).To(HaveLen(2))
+		Expect(monitoring).To(HaveLen(5))
 		kinds := map[string]*unstructured.Unstructured{}
+		var scraper []*unstructured.Unstructured
 		for _, o := range monitoring {
 			kinds[o.GetKind()] = o
+			if o.GroupVersionKind().Group != "monitoring.coreos.com" {
+				scraper = append(scraper, o)
+			}
 		}
+		expectScraperIdentity(monitoring, find("ClusterRole", "settlement-operator-metrics-reader").GetName())
+		var manifest strings.Builder
+		for _, o := range scraper {
+			manifest.Write(must(o.MarshalJSON()))
+			manifest.WriteString("\n")
+		}
+		scraperPath := filepath.Join(workDir, "prometheus-scraper.json")
+		Expect(os.WriteFile(scraperPath, []byte(manifest.String()), 0o600)).To(Succeed())
+		Expect(kubectl(adminKC, "apply", "--server-side", "-f", scraperPath)).To(ContainSubstring("serverside-applied"))
+		as := "--as=system:serviceaccount:" + operatorNamespace + ":settlement-operator-metrics-scraper"
+		Expect(kubectl(adminKC, "auth", "can-i", "get", "/metrics", as)).To(Equal("yes\n"))
+		out, _, err := kubectlE(adminKC, "auth", "can-i", "get", "secrets", "-n", operatorNamespace, as)
+		Expect(err).To(HaveOccurred())
+		Expect(out).To(Equal("no\n"))
 		Expect(kinds).To(HaveKey("PrometheusRule"))
 		Expect(kinds["PrometheusRule"].GetNamespace()).To(Equal(operatorNamespace))
 		sm := kinds["ServiceMonitor"]
@@ -844,9 +862,8 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		Expect(err).NotTo(HaveOccurred())
 		Expect(endpoints).To(HaveLen(1))
 		Expect(endpoints[0]).To(HaveKeyWithValue("port", metricsSvc.Spec.Ports[0].Name))
-		Expect(endpoints[0]).To(SatisfyAll(HaveKeyWithValue("scheme", "https"),
-			HaveKeyWithValue("bearerTokenFile", "/var/run/secrets/kubernetes.io/serviceaccount/token"),
-			HaveKey("tlsConfig")), "Prometheus authenticates with its ServiceAccount token over TLS")
+		Expect(endpoints[0]).To(SatisfyAll(HaveKeyWithValue("scheme", "https"), HaveKey("authorization"),
+			HaveKey("tlsConfig")), "Prometheus authenticates with the scraper's token over TLS")
 	})
 
 	It("undeploys like `make undeploy`: the operator goes, the CRDs and every record stay", func() {

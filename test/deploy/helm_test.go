@@ -33,18 +33,33 @@ import (
 const chartKubeVersion = "v1.37.2" // the envtest control plane's
 
 // renderChart renders the chart as `helm install <release> -n <namespace>` would,
-// with the given values over values.yaml, and returns its objects in a stable order.
+// with the given values over values.yaml, and returns the objects it installs (hooks
+// left out, as helm install leaves out `helm test`'s) in a stable order.
 func renderChart(release, namespace string, values map[string]any) []*unstructured.Unstructured {
+	GinkgoHelper()
+	objs, _ := renderChartAndHooks(release, namespace, values)
+	return objs
+}
+
+// renderChartAndHooks renders the chart and returns apart the objects it installs and
+// its hooks (annotation helm.sh/hook), each in a stable order.
+func renderChartAndHooks(release, namespace string, values map[string]any) (objs, hooks []*unstructured.Unstructured) {
 	GinkgoHelper()
 	files, err := renderChartE(release, namespace, values)
 	Expect(err).NotTo(HaveOccurred())
-	var out []*unstructured.Unstructured
 	for _, name := range slices.Sorted(maps.Keys(files)) {
-		if strings.HasSuffix(name, ".yaml") {
-			out = append(out, decodeAll(files[name])...)
+		if !strings.HasSuffix(name, ".yaml") {
+			continue
+		}
+		for _, o := range decodeAll(files[name]) {
+			if _, hook := o.GetAnnotations()["helm.sh/hook"]; hook {
+				hooks = append(hooks, o)
+			} else {
+				objs = append(objs, o)
+			}
 		}
 	}
-	return out
+	return objs, hooks
 }
 
 // renderChartE renders the chart, checking the values against values.schema.json as
@@ -187,6 +202,17 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 			{map[string]any{"recordProtection": map[string]any{"compensators": map[string]any{"users": []any{"a@example.com,b@example.com"}}}}, "compensators"},
 			{map[string]any{"recordProtection": map[string]any{"compensators": map[string]any{"group": []any{"finance"}}}}, "group"},
 			{map[string]any{"replicas": 2, "leaderElection": map[string]any{"enabled": false}}, "replicas: 2 needs leaderElection.enabled: true"},
+			// A misspelt key is refused, not silently ignored (the ServiceMonitor would
+			// not be installed, nobody would notice until an alert did not fire).
+			{map[string]any{"metrics": map[string]any{"servicemonitor": map[string]any{"enabled": true}}}, "'servicemonitor' not allowed"},
+			{map[string]any{"replica": 3}, "'replica' not allowed"},
+			{map[string]any{"metrics": map[string]any{"serviceMonitor": map[string]any{"token": map[string]any{"key": ""}}}}, "/metrics/serviceMonitor/token/key"},
+			{map[string]any{"metrics": map[string]any{"serviceMonitor": map[string]any{"token": map[string]any{"existingSecret": "Prometheus Token"}}}}, "existingSecret"},
+			{map[string]any{"metrics": map[string]any{"serviceMonitor": map[string]any{"interval": "30 seconds"}}}, "interval"},
+			{map[string]any{"image": map[string]any{"tag": "v1.2.3 "}}, "/image/tag"},
+			{map[string]any{"controllers": map[string]any{"watchNamespaces": "tenant-a, tenant-b"}}, "watchNamespaces"},
+			{map[string]any{"podAnnotations": map[string]any{"prometheus.io/scrape": true}}, "podAnnotations"},
+			{map[string]any{"archive": map[string]any{"secretName": "Settlement Archive"}}, "/archive/secretName"},
 		} {
 			_, err := renderChartE("settlement-operator", operatorNamespace, bad.values)
 			Expect(err).To(MatchError(ContainSubstring(bad.says)), "%v", bad.values)
@@ -200,7 +226,7 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 
 	It("applies server-side to the API server with every toggle on, and runs the manager as the chart's ServiceAccount", func() {
 		const release, ns = "acme", "billing-helm"
-		rendered := renderChart(release, ns, map[string]any{
+		rendered, hooks := renderChartAndHooks(release, ns, map[string]any{
 			"image":          map[string]any{"repository": "registry.example.com/settlement-operator", "tag": "v1.2.3"},
 			"replicas":       3,
 			"resources":      map[string]any{"requests": map[string]any{"cpu": "50m", "memory": "64Mi"}},
@@ -235,6 +261,8 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 			Expect(o.GetNamespace()).To(Equal(ns))
 			Expect(o.GetLabels()).To(HaveKeyWithValue("release", "prometheus"))
 		}
+		// Its scraper identity is applied with the rest (below).
+		expectScraperIdentity(rendered, release+"-settlement-operator-metrics-reader")
 
 		var dep appsv1.Deployment
 		for _, o := range apply {
@@ -273,6 +301,9 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 		path := filepath.Join(dir, "release.json")
 		Expect(os.WriteFile(path, []byte(manifest.String()), 0o600)).To(Succeed())
 		kubectl(adminKC, "create", "namespace", ns)
+		// The restricted Pod Security Standard, as the README asks of the release
+		// namespace: `helm test`'s Pod must be admitted there.
+		kubectl(adminKC, "label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
 		DeferCleanup(func() {
 			// The chart's record-protection binding knows only this release's manager:
 			// it goes with the release, so the installer's specs see their own alone.
@@ -281,6 +312,15 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 		Expect(kubectl(adminKC, "apply", "--server-side", "--field-manager=helm", "-f", path)).To(ContainSubstring("serverside-applied"))
 		kubectl(adminKC, "apply", "--server-side", "--field-manager=helm", "-f", path)
 		Expect(recordProtectionParam(apply)).To(Equal(ns + "/" + dep.Spec.Template.Spec.ServiceAccountName))
+		// The ServiceMonitor's token is of a ServiceAccount that may get /metrics (what
+		// the manager's metrics filter asks the API server) and nothing else.
+		scraper := "--as=system:serviceaccount:" + ns + ":" + release + "-settlement-operator-metrics-scraper"
+		Expect(kubectl(adminKC, "auth", "can-i", "get", "/metrics", scraper)).To(Equal("yes\n"))
+		for _, what := range [][]string{{"get", "secrets", "-n", ns}, {"list", "webhookevents.hooks.settlement.dev", "-A"}, {"get", "/debug/pprof/"}} {
+			out, _, err := kubectlE(adminKC, append([]string{"auth", "can-i", scraper}, what...)...)
+			Expect(err).To(HaveOccurred(), "the scraper may %v", what)
+			Expect(out).To(Equal("no\n"))
+		}
 		// The compensators of the values are on the binding's parameter, where the policy
 		// reads them.
 		var sa corev1.ServiceAccount
@@ -348,5 +388,7 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 			g.Expect(lease.Spec.HolderIdentity).To(HaveValue(Not(BeEmpty())))
 		}).Should(Succeed())
 		Expect(r.session.ExitCode()).To(Equal(-1), "the manager keeps running")
+
+		expectHelmTestPasses(hooks, ns, "tenant-a", r)
 	})
 })

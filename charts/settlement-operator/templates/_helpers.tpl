@@ -43,3 +43,32 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The namespace of `helm test`'s WebhookProvider: one the release serves. The release
+namespace when it serves every namespace or lists it in controllers.watchNamespaces,
+else the first namespace listed (a receiver answers 404 for a namespace it does not
+serve).
+*/}}
+{{- define "so.testNamespace" -}}
+{{- $watched := splitList "," .Values.controllers.watchNamespaces | compact -}}
+{{- if or (not $watched) (has .Release.Namespace $watched) -}}
+{{- .Release.Namespace -}}
+{{- else -}}
+{{- first $watched -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The metrics Service: config/default's name, <fullname>-controller-manager-metrics-service,
+while it is a valid Service name (63 characters at most), else <fullname>-metrics; a
+longer name would make the whole install fail.
+*/}}
+{{- define "so.metricsServiceName" -}}
+{{- $long := printf "%s-controller-manager-metrics-service" (include "so.fullname" .) -}}
+{{- if le (len $long) 63 -}}
+{{- $long -}}
+{{- else -}}
+{{- include "so.fullname" . }}-metrics
+{{- end -}}
+{{- end -}}
