@@ -157,7 +157,7 @@ func (r *Reconciler) jobCompletion(ctx context.Context, ev *hooksv1alpha1.Webhoo
 			if created {
 				op.Outcome = hooksv1alpha1.OutcomeCreated
 				op.Message = fmt.Sprintf("version %d replaces archived version %d", f.Version, got.Spec.Completion.Version)
-				op.State = string(hooksv1alpha1.JobCompletionPending)
+				op.State = mirroredJobState(newJobCompletion(ev, f, name, proposed))
 				return op, "", nil
 			}
 			err = r.APIReader.Get(ctx, key, &jc) // created concurrently
@@ -168,7 +168,8 @@ func (r *Reconciler) jobCompletion(ctx context.Context, ev *hooksv1alpha1.Webhoo
 		err = r.Create(ctx, &jc)
 		if err == nil {
 			op.Outcome, op.Message = hooksv1alpha1.OutcomeCreated, fmt.Sprintf("version %d", f.Version)
-			op.State = string(hooksv1alpha1.JobCompletionPending)
+			op.State = mirroredJobState(&jc)
+			noteAppliedOnCreation(&jc)
 			return op, jc.Name + "/" + string(jc.UID), nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
@@ -271,7 +272,16 @@ func (r *Reconciler) createJob(ctx context.Context, ev *hooksv1alpha1.WebhookEve
 	if err != nil {
 		return false, fmt.Errorf("create jobcompletion %s: %w", name, err)
 	}
+	noteAppliedOnCreation(jc)
 	return true, nil
+}
+
+// noteAppliedOnCreation counts the transition to Applied of a job that its creation
+// applied: its own controller writes nothing for it, so it counts nothing.
+func noteAppliedOnCreation(jc *hooksv1alpha1.JobCompletion) {
+	if jc.AppliedOnCreation() {
+		metrics.JobTransitions.WithLabelValues(string(hooksv1alpha1.JobCompletionApplied)).Inc()
+	}
 }
 
 func newJobCompletion(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.JobCompletionFacts, name string,
