@@ -287,10 +287,10 @@ func noteAppliedOnCreation(jc *hooksv1alpha1.JobCompletion) {
 func newJobCompletion(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.JobCompletionFacts, name string,
 	proposed hooksv1alpha1.Completion) *hooksv1alpha1.JobCompletion {
 	return &hooksv1alpha1.JobCompletion{
+		// Only the provider's label (kubectl get jc -l): the job's hash is its name's, the
+		// event is spec.completion.sourceEvent, and nothing selects jobs on either.
 		ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: name, Labels: map[string]string{
 			hooksv1alpha1.LabelProvider: ev.Spec.Provider,
-			hooksv1alpha1.LabelJob:      identity.Hash32(f.JobID),
-			hooksv1alpha1.LabelEvent:    settlement.EventHash(ev),
 		}},
 		Spec: hooksv1alpha1.JobCompletionSpec{Provider: ev.Spec.Provider, JobID: f.JobID, Completion: proposed,
 			Sink: f.Sink.DeepCopy()},
