@@ -98,8 +98,8 @@ type JobCompletionSpec struct {
 
 // JobCompletionStatus is written by the JobCompletion controller, except for a job
 // without a sink at its first version: creating it applied it, and its status stays
-// empty (read it through JobCompletion.Progress; kubectl get shows no SINK and no STATE
-// for it).
+// empty (read it through JobCompletion.Progress; kubectl get shows no STATE for it, and
+// a SINK that is empty or None).
 type JobCompletionStatus struct {
 	// observedGeneration is the spec generation this status describes.
 	// +optional
