@@ -154,10 +154,10 @@ func (r *Reconciler) jobCompletion(ctx context.Context, ev *hooksv1alpha1.Webhoo
 			if cerr != nil {
 				return op, "", cerr
 			}
-			if created {
+			if created != nil {
 				op.Outcome = hooksv1alpha1.OutcomeCreated
 				op.Message = fmt.Sprintf("version %d replaces archived version %d", f.Version, got.Spec.Completion.Version)
-				op.State = mirroredJobState(newJobCompletion(ev, f, name, proposed))
+				op.State = mirroredJobState(created)
 				return op, "", nil
 			}
 			err = r.APIReader.Get(ctx, key, &jc) // created concurrently
@@ -261,19 +261,20 @@ func (r *Reconciler) archivedJob(ctx context.Context, ev *hooksv1alpha1.WebhookE
 	return got, nil
 }
 
-// createJob creates a job's JobCompletion; false when it exists already.
+// createJob creates a job's JobCompletion and returns it as created; nil when it
+// exists already.
 func (r *Reconciler) createJob(ctx context.Context, ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.JobCompletionFacts,
-	name string, proposed hooksv1alpha1.Completion) (bool, error) {
+	name string, proposed hooksv1alpha1.Completion) (*hooksv1alpha1.JobCompletion, error) {
 	jc := newJobCompletion(ev, f, name, proposed)
 	err := r.Create(ctx, jc)
 	if apierrors.IsAlreadyExists(err) {
-		return false, nil
+		return nil, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("create jobcompletion %s: %w", name, err)
+		return nil, fmt.Errorf("create jobcompletion %s: %w", name, err)
 	}
 	noteAppliedOnCreation(jc)
-	return true, nil
+	return jc, nil
 }
 
 // noteAppliedOnCreation counts the transition to Applied of a job that its creation
