@@ -7,12 +7,15 @@ import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 const (
 	// LabelProvider names the WebhookProvider an object came from.
 	LabelProvider = "hooks.settlement.dev/provider"
-	// LabelEvent carries the hash part of the WebhookEvent name that created an object
-	// (label values are capped at 63 characters, so the hash, not the full name).
+	// LabelEvent carried the hash part of the WebhookEvent name that created an object.
+	// Records made by older operators have it; nothing writes or selects on it now (the
+	// event is spec.sourceEvent / spec.completion.sourceEvent).
 	LabelEvent = "hooks.settlement.dev/event"
-	// LabelJob carries the hash of the job ID a record belongs to.
+	// LabelJob carries the hash of the job ID a settlement belongs to (a job's other
+	// settlements are listed by it). JobCompletions made by older operators have it too.
 	LabelJob = "hooks.settlement.dev/job"
-	// LabelSettlement carries the hash of a settlement key.
+	// LabelSettlement carried the hash of a settlement key. Settlements made by older
+	// operators have it; nothing writes or selects on it now (the name holds the hash).
 	LabelSettlement = "hooks.settlement.dev/settlement"
 	// LabelBillingProvider names the BillingProvider a settlement or report belongs to.
 	LabelBillingProvider = "hooks.settlement.dev/billing-provider"

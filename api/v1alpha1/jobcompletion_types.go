@@ -96,7 +96,10 @@ type JobCompletionSpec struct {
 	Sink *JobSink `json:"sink,omitempty"`
 }
 
-// JobCompletionStatus is written by the JobCompletion controller.
+// JobCompletionStatus is written by the JobCompletion controller, except for a job
+// without a sink at its first version: creating it applied it, and its status stays
+// empty (read it through JobCompletion.Progress; kubectl get shows no STATE for it, and
+// a SINK that is empty or None).
 type JobCompletionStatus struct {
 	// observedGeneration is the spec generation this status describes.
 	// +optional
@@ -155,6 +158,7 @@ type JobCompletionStatus struct {
 // +kubebuilder:printcolumn:name="Job",type=string,JSONPath=`.spec.jobID`
 // +kubebuilder:printcolumn:name="Result",type=string,JSONPath=`.spec.completion.state`
 // +kubebuilder:printcolumn:name="Version",type=integer,JSONPath=`.spec.completion.version`
+// +kubebuilder:printcolumn:name="Sink",type=string,JSONPath=`.spec.sink.type`
 // +kubebuilder:printcolumn:name="Applied",type=integer,JSONPath=`.status.appliedVersion`
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

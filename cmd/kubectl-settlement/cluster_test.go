@@ -242,11 +242,8 @@ func story(t *testing.T, cl client.Client, ns string, withEvent bool) storyNames
 	jc := &hooksv1alpha1.JobCompletion{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: n.job},
 		Spec: hooksv1alpha1.JobCompletionSpec{Provider: wp, JobID: jobID,
 			Completion: hooksv1alpha1.Completion{Version: 1, State: hooksv1alpha1.JobSucceeded, SourceEvent: n.event}}}
+	// No sink: applied by its creation, no status written (as the operator makes it).
 	if err := cl.Create(ctx, jc); err != nil {
-		t.Fatal(err)
-	}
-	jc.Status = hooksv1alpha1.JobCompletionStatus{State: hooksv1alpha1.JobCompletionApplied, AppliedVersion: ptr.To[int64](1), AppliedAt: &now}
-	if err := cl.Status().Update(ctx, jc); err != nil {
 		t.Fatal(err)
 	}
 	charge := &hooksv1alpha1.BillingSettlement{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: n.charge},
@@ -303,7 +300,8 @@ func TestTrace(t *testing.T) {
 		"provider ref: ch_123", "reversed by: " + n.refund, "reverses: " + n.charge, "event ID: evt_1",
 		"condition  Settled=True  ProviderSettled  the provider settled it as ch_123  (since ",
 		"condition  Ready=False  CompensationNotAllowed  refunds would exceed the charge",
-		"condition  Dispatched=True  AllOperationsDone", "state: Applied", "state: Settled   exposure: Confirmed"}
+		"condition  Dispatched=True  AllOperationsDone", "state: Applied", "applied: version 1 at ",
+		"condition  Applied=True  VersionApplied  version 1 applied at creation: no sink", "state: Settled   exposure: Confirmed"}
 	for ref, reading := range map[string]string{
 		"job-7781":   "job ID of webhook provider inference → JobCompletion " + n.job,
 		"evt_1":      "event ID of webhook provider inference → WebhookEvent " + n.event,

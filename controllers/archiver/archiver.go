@@ -83,20 +83,23 @@ func finished(obj client.Object) (bool, time.Time) {
 		}
 		return true, laterOf(o.Spec.ReceivedAt.Time, readySince(o.Status.Conditions, hooksv1alpha1.ConditionReady))
 	case *hooksv1alpha1.JobCompletion:
-		if o.Status.ObservedGeneration != o.Generation {
+		// Progress, not Status: a job without a sink is applied by its creation and
+		// has no status written.
+		st := o.Progress()
+		if st.ObservedGeneration != o.Generation {
 			return false, time.Time{}
 		}
-		switch o.Status.State {
+		switch st.State {
 		case hooksv1alpha1.JobCompletionApplied:
 			// No newer version pending: the applied version is the one proposed.
-			if o.Status.AppliedVersion == nil || *o.Status.AppliedVersion != o.Spec.Completion.Version {
+			if st.AppliedVersion == nil || *st.AppliedVersion != o.Spec.Completion.Version {
 				return false, time.Time{}
 			}
 		case hooksv1alpha1.JobCompletionFailed:
 		default:
 			return false, time.Time{}
 		}
-		return true, laterOf(o.CreationTimestamp.Time, readySince(o.Status.Conditions, hooksv1alpha1.ConditionReady))
+		return true, laterOf(o.CreationTimestamp.Time, readySince(st.Conditions, hooksv1alpha1.ConditionReady))
 	case *hooksv1alpha1.BillingSettlement:
 		st := &o.Status
 		// Not while it holds money, not before its controller gave it an exposure (an

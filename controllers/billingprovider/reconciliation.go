@@ -136,7 +136,7 @@ func (r *Reconciler) compare(ctx context.Context, bp *hooksv1alpha1.BillingProvi
 	}
 	var jobFindings []archivedCheck
 	for _, jc := range jobs.Items {
-		if !billable[jc.Spec.Provider] || jc.Status.State != hooksv1alpha1.JobCompletionApplied ||
+		if !billable[jc.Spec.Provider] || jc.Progress().State != hooksv1alpha1.JobCompletionApplied ||
 			jc.Spec.Completion.State != hooksv1alpha1.JobSucceeded {
 			continue
 		}

@@ -64,6 +64,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 	if err := r.Get(ctx, req.NamespacedName, &jc); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	if jc.AppliedOnCreation() {
+		// No sink and its first version: creating it applied it, and its state is
+		// derived from the spec (JobCompletion.Progress). Writing "Applied" would be one
+		// more API write per event that tells no reader anything.
+		return ctrl.Result{}, nil
+	}
 	before := jc.DeepCopy()
 	defer func() {
 		wrote, perr := statuspatch.Patch(ctx, r.Client, &jc, before, false)
@@ -108,7 +114,9 @@ func (r *Reconciler) reconcile(ctx context.Context, jc *hooksv1alpha1.JobComplet
 	}
 
 	sink := jc.Spec.Sink
-	if sink == nil || sink.Type == "" || sink.Type == hooksv1alpha1.JobSinkNone {
+	if !jc.Spec.HasSink() {
+		// A later version of a job without a sink (or one written by an older
+		// operator): applied now, and written, as the spec alone no longer says so.
 		r.applied(jc, v)
 		return ctrl.Result{}, nil
 	}

@@ -154,10 +154,10 @@ func (r *Reconciler) jobCompletion(ctx context.Context, ev *hooksv1alpha1.Webhoo
 			if cerr != nil {
 				return op, "", cerr
 			}
-			if created {
+			if created != nil {
 				op.Outcome = hooksv1alpha1.OutcomeCreated
 				op.Message = fmt.Sprintf("version %d replaces archived version %d", f.Version, got.Spec.Completion.Version)
-				op.State = string(hooksv1alpha1.JobCompletionPending)
+				op.State = mirroredJobState(created)
 				return op, "", nil
 			}
 			err = r.APIReader.Get(ctx, key, &jc) // created concurrently
@@ -168,7 +168,8 @@ func (r *Reconciler) jobCompletion(ctx context.Context, ev *hooksv1alpha1.Webhoo
 		err = r.Create(ctx, &jc)
 		if err == nil {
 			op.Outcome, op.Message = hooksv1alpha1.OutcomeCreated, fmt.Sprintf("version %d", f.Version)
-			op.State = string(hooksv1alpha1.JobCompletionPending)
+			op.State = mirroredJobState(&jc)
+			noteAppliedOnCreation(&jc)
 			return op, jc.Name + "/" + string(jc.UID), nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
@@ -260,27 +261,37 @@ func (r *Reconciler) archivedJob(ctx context.Context, ev *hooksv1alpha1.WebhookE
 	return got, nil
 }
 
-// createJob creates a job's JobCompletion; false when it exists already.
+// createJob creates a job's JobCompletion and returns it as created; nil when it
+// exists already.
 func (r *Reconciler) createJob(ctx context.Context, ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.JobCompletionFacts,
-	name string, proposed hooksv1alpha1.Completion) (bool, error) {
+	name string, proposed hooksv1alpha1.Completion) (*hooksv1alpha1.JobCompletion, error) {
 	jc := newJobCompletion(ev, f, name, proposed)
 	err := r.Create(ctx, jc)
 	if apierrors.IsAlreadyExists(err) {
-		return false, nil
+		return nil, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("create jobcompletion %s: %w", name, err)
+		return nil, fmt.Errorf("create jobcompletion %s: %w", name, err)
 	}
-	return true, nil
+	noteAppliedOnCreation(jc)
+	return jc, nil
+}
+
+// noteAppliedOnCreation counts the transition to Applied of a job that its creation
+// applied: its own controller writes nothing for it, so it counts nothing.
+func noteAppliedOnCreation(jc *hooksv1alpha1.JobCompletion) {
+	if jc.AppliedOnCreation() {
+		metrics.JobTransitions.WithLabelValues(string(hooksv1alpha1.JobCompletionApplied)).Inc()
+	}
 }
 
 func newJobCompletion(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.JobCompletionFacts, name string,
 	proposed hooksv1alpha1.Completion) *hooksv1alpha1.JobCompletion {
 	return &hooksv1alpha1.JobCompletion{
+		// Only the provider's label (kubectl get jc -l): the job's hash is its name's, the
+		// event is spec.completion.sourceEvent, and nothing selects jobs on either.
 		ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: name, Labels: map[string]string{
 			hooksv1alpha1.LabelProvider: ev.Spec.Provider,
-			hooksv1alpha1.LabelJob:      identity.Hash32(f.JobID),
-			hooksv1alpha1.LabelEvent:    settlement.EventHash(ev),
 		}},
 		Spec: hooksv1alpha1.JobCompletionSpec{Provider: ev.Spec.Provider, JobID: f.JobID, Completion: proposed,
 			Sink: f.Sink.DeepCopy()},

@@ -46,19 +46,22 @@ func operationHealth(op hooksv1alpha1.OperationStatus) health {
 	return healthProgressing
 }
 
+// mirroredJobState is the job's state as the event shows it, from the job's Progress
+// (a job without a sink is Applied by its creation, with no status written).
 func mirroredJobState(jc *hooksv1alpha1.JobCompletion) string {
-	if jc.Status.ObservedGeneration != jc.Generation {
+	st := jc.Progress()
+	if st.ObservedGeneration != jc.Generation {
 		// A newer version was proposed and not taken up yet: its state is not the
 		// Status's (that one is the previous version's).
 		return string(hooksv1alpha1.JobCompletionPending)
 	}
-	if jc.Status.LastError != "" && jc.Status.State == hooksv1alpha1.JobCompletionPending {
+	if st.LastError != "" && st.State == hooksv1alpha1.JobCompletionPending {
 		return stateRetrying
 	}
-	if jc.Status.State == "" {
+	if st.State == "" {
 		return string(hooksv1alpha1.JobCompletionPending)
 	}
-	return string(jc.Status.State)
+	return string(st.State)
 }
 
 func mirroredSettlementState(bs *hooksv1alpha1.BillingSettlement) string {

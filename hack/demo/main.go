@@ -226,8 +226,8 @@ func (w world) unsettled() []string {
 		}
 	}
 	for _, j := range w.jobs.Items {
-		if !jobSettled[j.Status.State] {
-			out = append(out, fmt.Sprintf("job %s %s", j.Spec.JobID, orNew(string(j.Status.State))))
+		if st := j.Progress().State; !jobSettled[st] {
+			out = append(out, fmt.Sprintf("job %s %s", j.Spec.JobID, orNew(string(st))))
 		}
 	}
 	for _, s := range w.settlements.Items {

@@ -78,9 +78,11 @@ type jobContent struct {
 	AppliedVersion *int64
 }
 
-// JobContentHash is the content hash of a job completion.
+// JobContentHash is the content hash of a job completion: its state as Progress
+// gives it (a job applied by its creation has no status written).
 func JobContentHash(jc *hooksv1alpha1.JobCompletion) string {
-	return hashOf(jobContent{UID: string(jc.UID), Spec: jc.Spec, State: jc.Status.State, AppliedVersion: jc.Status.AppliedVersion})
+	st := jc.Progress()
+	return hashOf(jobContent{UID: string(jc.UID), Spec: jc.Spec, State: st.State, AppliedVersion: st.AppliedVersion})
 }
 
 type settlementContent struct {
@@ -205,7 +207,7 @@ func jobRow(jc *hooksv1alpha1.JobCompletion) (*row, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := jc.Spec.Completion
+	c, st := jc.Spec.Completion, jc.Progress()
 	var meter, unit *string
 	var qty *string
 	if u := c.Usage; u != nil {
@@ -216,7 +218,7 @@ func jobRow(jc *hooksv1alpha1.JobCompletion) (*row, error) {
 			"completed_at", "applied_at", "usage_meter", "usage_quantity::numeric", "usage_unit", "source_event", "created_at",
 			"content_hash", "rest"},
 		values: []any{jc.Namespace, jc.Name, string(jc.UID), jc.Spec.Provider, jc.Spec.JobID, c.Version, string(c.State),
-			string(jc.Status.State), jc.Status.AppliedVersion, ts(c.CompletedAt), ts(jc.Status.AppliedAt), meter, qty, unit,
+			string(st.State), st.AppliedVersion, ts(c.CompletedAt), ts(st.AppliedAt), meter, qty, unit,
 			c.SourceEvent, jc.CreationTimestamp.UTC(), JobContentHash(jc), rest},
 		readBack: `job_completion_object(t), t.content_hash, false, t.seq`,
 		key:      []string{"version"}, keyValues: []any{c.Version},

@@ -97,11 +97,13 @@ func legacyNameProblem(bs *hooksv1alpha1.BillingSettlement) string {
 // charge names the same object and the same provider key, and no other tenant's
 // charge ever presents that key.
 func New(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.SettlementFacts) *hooksv1alpha1.BillingSettlement {
+	// The labels something selects on: the provider's (a person's kubectl -l), the
+	// billing provider's (its reconciliation pass) and the job's (a job's other
+	// settlements). The key's hash is the name's and the event is spec.sourceEvent:
+	// labels of those would be stored on every settlement for no reader.
 	labels := map[string]string{
 		hooksv1alpha1.LabelProvider:        ev.Spec.Provider,
-		hooksv1alpha1.LabelSettlement:      identity.Hash32(f.SettlementKey),
 		hooksv1alpha1.LabelBillingProvider: f.BillingProviderRef,
-		hooksv1alpha1.LabelEvent:           EventHash(ev),
 	}
 	if f.JobID != "" {
 		labels[hooksv1alpha1.LabelJob] = identity.Hash32(f.JobID)
@@ -118,11 +120,6 @@ func New(ev *hooksv1alpha1.WebhookEvent, f *hooksv1alpha1.SettlementFacts) *hook
 			WebhookProvider: ev.Spec.Provider, SourceEvent: ev.Name,
 		},
 	}
-}
-
-// EventHash is the hash part of an event's name, short enough for a label value.
-func EventHash(ev *hooksv1alpha1.WebhookEvent) string {
-	return identity.Hash32(ev.Namespace, ev.Spec.Provider, ev.Spec.EventID)
 }
 
 // OperationIdentities lists every name and key one logical settlement may have been

@@ -129,6 +129,16 @@ func TestHealthChecks(t *testing.T) {
 	jc := func(state hooksv1alpha1.JobCompletionState) *hooksv1alpha1.JobCompletion {
 		return &hooksv1alpha1.JobCompletion{ObjectMeta: meta(1), Status: hooksv1alpha1.JobCompletionStatus{State: state}}
 	}
+	// A job with a sink is Pending until its controller writes; one without is applied
+	// by its creation (JobCompletion.Progress), unless a newer version was proposed.
+	httpJob := func(gen int64) *hooksv1alpha1.JobCompletion {
+		return &hooksv1alpha1.JobCompletion{ObjectMeta: meta(gen), Spec: hooksv1alpha1.JobCompletionSpec{
+			Sink: &hooksv1alpha1.JobSink{Type: hooksv1alpha1.JobSinkHTTP, URL: "https://jobs.example"}}}
+	}
+	noSinkJob := func(gen int64) *hooksv1alpha1.JobCompletion {
+		return &hooksv1alpha1.JobCompletion{ObjectMeta: meta(gen), Spec: hooksv1alpha1.JobCompletionSpec{
+			Sink: &hooksv1alpha1.JobSink{Type: hooksv1alpha1.JobSinkNone}}}
+	}
 	ev := func(phase hooksv1alpha1.EventPhase) *hooksv1alpha1.WebhookEvent {
 		return &hooksv1alpha1.WebhookEvent{ObjectMeta: meta(1), Status: hooksv1alpha1.WebhookEventStatus{Phase: phase}}
 	}
@@ -149,7 +159,9 @@ func TestHealthChecks(t *testing.T) {
 		{"settlement ambiguous", "BillingSettlement", bs(hooksv1alpha1.SettlementRequiresReconciliation), "Degraded", "RequiresReconciliation"},
 		{"settlement failed", "BillingSettlement", bs(hooksv1alpha1.SettlementFailed), "Degraded", "Failed"},
 		{"settlement dead-lettered", "BillingSettlement", bs(hooksv1alpha1.SettlementPending, cond("DeadLettered", "True", "RetriesExhausted", "replay with kubectl settlement replay", 1)), "Degraded", "replay"},
-		{"job pending", "JobCompletion", jc(""), "Progressing", "Pending"},
+		{"job pending", "JobCompletion", httpJob(1), "Progressing", "Pending"},
+		{"job without a sink, as created", "JobCompletion", jc(""), "Healthy", "Applied"},
+		{"job without a sink, newer version not taken up", "JobCompletion", noSinkJob(2), "Progressing", "Pending"},
 		{"job applied", "JobCompletion", jc(hooksv1alpha1.JobCompletionApplied), "Healthy", "Applied"},
 		{"job superseded", "JobCompletion", jc(hooksv1alpha1.JobCompletionSuperseded), "Healthy", ""},
 		{"job deferred", "JobCompletion", jc(hooksv1alpha1.JobCompletionDeferred), "Progressing", "Deferred"},

@@ -449,7 +449,7 @@ var _ = Describe("the archive on real processes (docs/design.md §12)", Ordered,
 			jc, err := store.LatestJob(ctx, archNS, "inference", job)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(jc).NotTo(BeNil())
-			Expect(jc.Status.State).To(Equal(hooksv1alpha1.JobCompletionApplied))
+			Expect(jc.Progress().State).To(Equal(hooksv1alpha1.JobCompletionApplied))
 			Expect(jc.Spec.Completion.Version).To(Equal(int64(1)))
 			v, _, applications := sink.Applied(job)
 			Expect(v).To(Equal(int64(1)), "the sink has %s", job)

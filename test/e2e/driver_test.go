@@ -168,7 +168,7 @@ func (r *run) checkInvariants(name string, allowed ...hooksv1alpha1.EventPhase) 
 		jc := &hooksv1alpha1.JobCompletion{}
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.JobCompletionName(r.provider, job)}, jc)).To(Succeed())
 		Expect(jc.Spec.Completion.Version).To(Equal(int64(v)), "%s: job %s at its highest version", name, job)
-		Expect(*jc.Status.AppliedVersion).To(Equal(int64(v)))
+		Expect(*jc.Progress().AppliedVersion).To(Equal(int64(v)))
 		sv, _, _ := sink.Applied(job)
 		Expect(sv).To(Equal(int64(v)), "%s: the sink has job %s at version %d", name, job, v)
 	}

@@ -96,7 +96,7 @@ var _ = Describe("the archive (docs/design.md §12)", Ordered, func() {
 		jc, err := store.LatestJob(ctx, ns, "inference", "job-arc-1")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(jc).NotTo(BeNil())
-		Expect(jc.Status.State).To(Equal(hooksv1alpha1.JobCompletionApplied))
+		Expect(jc.Progress().State).To(Equal(hooksv1alpha1.JobCompletionApplied))
 
 		ev, err := store.Event(ctx, ns, "inference", "msg-arc-1")
 		Expect(err).NotTo(HaveOccurred())

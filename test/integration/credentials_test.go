@@ -151,7 +151,7 @@ var _ = Describe("credentials go only where they are meant to", func() {
 			HaveField("Message", ContainSubstring(labelFor+"=job-sink"))))
 		Eventually(func(g Gomega) {
 			jc := jobOf(ns, "job-creds-1")
-			g.Expect(jc.Status.State).To(Equal(hooksv1alpha1.JobCompletionPending))
+			g.Expect(jc.Progress().State).To(Equal(hooksv1alpha1.JobCompletionPending))
 			g.Expect(condition(jc.Status.Conditions, hooksv1alpha1.ConditionReady)).To(HaveField("Reason", refused))
 			bs := settlementOf(ns, "job-creds-1")
 			g.Expect(bs.Status.State).To(Equal(hooksv1alpha1.SettlementPending))
@@ -182,7 +182,7 @@ var _ = Describe("credentials go only where they are meant to", func() {
 
 		By("a billing credential is not a job sink credential")
 		Consistently(sinkRec.received).WithArguments(dbPassword).WithTimeout(2 * time.Second).Should(BeEmpty())
-		Expect(jobOf(ns, "job-creds-1").Status.State).To(Equal(hooksv1alpha1.JobCompletionPending))
+		Expect(jobOf(ns, "job-creds-1").Progress().State).To(Equal(hooksv1alpha1.JobCompletionPending))
 
 		By("opted in to the job sink, the completion is applied")
 		patchSecret(ns, dbSecret, map[string]string{labelFor: "job-sink"}, nil)

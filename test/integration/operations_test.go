@@ -75,7 +75,7 @@ func jobState(ns, jobID string) func() hooksv1alpha1.JobCompletionState {
 		if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: identity.JobCompletionName("inference", jobID)}, jc); err != nil {
 			return ""
 		}
-		return jc.Status.State
+		return jc.Progress().State
 	}
 }
 
@@ -129,8 +129,8 @@ var _ = Describe("the failure matrix (docs/design.md §9)", func() {
 		sendOK(ns, "msg_happy", jobEvent("job-happy", 1, 1523))
 		Eventually(eventPhase(ns, "msg_happy")).Should(Equal(hooksv1alpha1.EventComplete))
 		jc := jobOf(ns, "job-happy")
-		Expect(jc.Status.State).To(Equal(hooksv1alpha1.JobCompletionApplied))
-		Expect(*jc.Status.AppliedVersion).To(Equal(int64(1)))
+		Expect(jc.Progress().State).To(Equal(hooksv1alpha1.JobCompletionApplied))
+		Expect(*jc.Progress().AppliedVersion).To(Equal(int64(1)))
 		bs := settlementOf(ns, "job-happy")
 		Expect(bs.Status.State).To(Equal(hooksv1alpha1.SettlementSettled))
 		Expect(bs.Status.ProviderRef).NotTo(BeEmpty())
@@ -195,7 +195,7 @@ var _ = Describe("the failure matrix (docs/design.md §9)", func() {
 			billing.FailNext(4, http.StatusServiceUnavailable)
 			sendOK(ns, "msg_billfail", jobEvent("job-billfail", 1, 5))
 			Eventually(eventPhase(ns, "msg_billfail")).Should(Equal(hooksv1alpha1.EventPartiallyFailed))
-			Expect(jobOf(ns, "job-billfail").Status.State).To(Equal(hooksv1alpha1.JobCompletionApplied))
+			Expect(jobOf(ns, "job-billfail").Progress().State).To(Equal(hooksv1alpha1.JobCompletionApplied))
 			Eventually(eventPhase(ns, "msg_billfail")).Should(Equal(hooksv1alpha1.EventComplete))
 			bs := settlementOf(ns, "job-billfail")
 			Expect(bs.Status.State).To(Equal(hooksv1alpha1.SettlementSettled))
@@ -244,7 +244,7 @@ var _ = Describe("the failure matrix (docs/design.md §9)", func() {
 		Expect(billing.Charges(key(ns, "job-ooo"))).To(Equal(1))
 		jc := jobOf(ns, "job-ooo")
 		Expect(jc.Spec.Completion.Version).To(Equal(int64(2)))
-		Expect(*jc.Status.AppliedVersion).To(Equal(int64(2)))
+		Expect(*jc.Progress().AppliedVersion).To(Equal(int64(2)))
 		Expect(jc.Generation).To(Equal(int64(1)))
 	})
 
@@ -256,10 +256,10 @@ var _ = Describe("the failure matrix (docs/design.md §9)", func() {
 		sendOK(ns, "msg_a2", jobEvent("job-fwd", 2, 10))
 		Eventually(func() int64 {
 			jc := jobOf(ns, "job-fwd")
-			if jc.Status.AppliedVersion == nil {
+			if jc.Progress().AppliedVersion == nil {
 				return 0
 			}
-			return *jc.Status.AppliedVersion
+			return *jc.Progress().AppliedVersion
 		}).Should(Equal(int64(2)))
 		// The job went Applied (v1) → Applied (v2) in one status write: the event that
 		// proposed v2 must still see it applied and finish (it is woken by the

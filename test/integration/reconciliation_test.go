@@ -257,7 +257,7 @@ var _ = Describe("retention (docs/design.md §8)", func() {
 			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(ev), &hooksv1alpha1.WebhookEvent{}))
 		}).Should(BeTrue())
 		Expect(settlementOf(ns, "job-old").Status.State).To(Equal(hooksv1alpha1.SettlementSettled))
-		Expect(jobOf(ns, "job-old").Status.State).To(Equal(hooksv1alpha1.JobCompletionApplied))
+		Expect(jobOf(ns, "job-old").Progress().State).To(Equal(hooksv1alpha1.JobCompletionApplied))
 
 		// A late redelivery after retention is a new receipt, but charges nothing new.
 		// It has the same name as the expired receipt, so it links to the same

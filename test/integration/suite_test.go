@@ -3,6 +3,7 @@ package integration_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -134,6 +135,9 @@ type managerOptions struct {
 	noEventController bool
 	// settlementWorkers, when set, is how many settlements are worked on at once (1).
 	settlementWorkers int
+	// transport, when set, wraps every request the manager (controllers, receiver,
+	// recorders) sends to the API server: writes_test.go counts them.
+	transport func(http.RoundTripper) http.RoundTripper
 }
 
 func startManager(opts ...managerOptions) *runningManager {
@@ -142,7 +146,11 @@ func startManager(opts ...managerOptions) *runningManager {
 	if len(opts) > 0 {
 		o = opts[0]
 	}
-	m, err := ctrl.NewManager(cfg, ctrl.Options{
+	mcfg := rest.CopyConfig(cfg)
+	if o.transport != nil {
+		mcfg.Wrap(o.transport)
+	}
+	m, err := ctrl.NewManager(mcfg, ctrl.Options{
 		Scheme:                 env.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",

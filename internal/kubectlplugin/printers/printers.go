@@ -86,7 +86,7 @@ func PrintJobs(w io.Writer, js []archive.ArchivedJob, all bool) {
 	for _, a := range js {
 		jc := &a.Object
 		row(tw, all, jc.Namespace, jc.Name, jc.Spec.JobID, strconv.FormatInt(jc.Spec.Completion.Version, 10),
-			string(jc.Spec.Completion.State), string(jc.Status.State), archivedAt(a.ArchivedAt))
+			string(jc.Spec.Completion.State), string(jc.Progress().State), archivedAt(a.ArchivedAt))
 	}
 	_ = tw.Flush()
 }

@@ -390,7 +390,7 @@ func (t *tracer) follow(ctx context.Context) error {
 		case kindJob:
 			jc := &t.jobs[name].obj
 			t.enqueue(kindEvent, jc.Spec.Completion.SourceEvent)
-			for _, e := range jc.Status.SourceEvents {
+			for _, e := range jc.Progress().SourceEvents {
 				t.enqueue(kindEvent, e)
 			}
 			t.enqueue(kindSettlement, identity.SettlementNameFor(jc.Spec.Provider, identity.JobSettlementKey(t.ns, jc.Spec.Provider, jc.Spec.JobID)))
@@ -454,11 +454,12 @@ func (t *tracer) print(w io.Writer) {
 		kv(w, "completion", fmt.Sprintf("version %d %s", jc.Spec.Completion.Version, jc.Spec.Completion.State),
 			"completed", optTS(jc.Spec.Completion.CompletedAt), "source event", jc.Spec.Completion.SourceEvent)
 		applied := ""
-		if jc.Status.AppliedVersion != nil {
-			applied = fmt.Sprintf("version %d at %s", *jc.Status.AppliedVersion, optTS(jc.Status.AppliedAt))
+		st := jc.Progress() // a job without a sink is applied by its creation, no status written
+		if st.AppliedVersion != nil {
+			applied = fmt.Sprintf("version %d at %s", *st.AppliedVersion, optTS(st.AppliedAt))
 		}
-		kv(w, "state", string(jc.Status.State), "applied", applied, "last error", jc.Status.LastError)
-		conditions(w, jc.Status.Conditions)
+		kv(w, "state", string(st.State), "applied", applied, "last error", st.LastError)
+		conditions(w, st.Conditions)
 	}
 	stls := make([]*tracedSettlement, 0, len(t.settlements))
 	for _, s := range t.settlements {
