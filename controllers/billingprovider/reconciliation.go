@@ -82,6 +82,9 @@ func (r *Reconciler) pass(ctx context.Context, bp *hooksv1alpha1.BillingProvider
 				rr.Status.Discrepancies, rr.Status.Repaired, rr.Status.NeedsReview))
 	}
 	if _, perr := statuspatch.Patch(ctx, r.Client, rr, base, false); perr != nil {
+		// The report held this pass's confirmations: a cut walk starts again from the mark,
+		// so the pages it listed before are listed, and confirmed, again.
+		r.walks.take(bp.UID)
 		return "", time.Time{}, fmt.Errorf("write report %s: %w", rr.Name, perr)
 	}
 	if rr.Status.NeedsReview > 0 {
