@@ -51,8 +51,9 @@ func (r *Reconciler) confirmBeforePrune(ctx context.Context, bp *hooksv1alpha1.B
 	if len(byUID) == 0 {
 		return nil
 	}
+	// Read from the cache without copies; only a settlement to be marked is copied.
 	var settlements hooksv1alpha1.BillingSettlementList
-	if err := r.List(ctx, &settlements, client.InNamespace(bp.Namespace)); err != nil {
+	if err := r.List(ctx, &settlements, client.InNamespace(bp.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("list settlements: %w", err)
 	}
 	now := r.now()
@@ -65,7 +66,7 @@ func (r *Reconciler) confirmBeforePrune(ctx context.Context, bp *hooksv1alpha1.B
 		if _, _, ok := confirmation.Find(kept, bp.UID, bs); ok {
 			continue
 		}
-		r.markOnSettlement(ctx, bs, pd.reason, confirmation.Message(pd.reason, bs, pd.report.Name)+", marked as that report was pruned", now)
+		r.markOnSettlement(ctx, bs.DeepCopy(), pd.reason, confirmation.Message(pd.reason, bs, pd.report.Name)+", marked as that report was pruned", now)
 	}
 	return nil
 }
