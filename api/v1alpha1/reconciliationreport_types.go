@@ -95,6 +95,50 @@ type DiscrepancyCount struct {
 	Count int32 `json:"count"`
 }
 
+// MaxConfirmedSettlements caps how many settlements one report lists as confirmed
+// (about 48 bytes each: the report stays well under the API server's object limit).
+const MaxConfirmedSettlements = 5000
+
+// SettlementConfirmations are a pass's confirmations, compactly: per reason, each
+// settlement as "<uid>/<resourceVersion>", the exact version the pass compared.
+type SettlementConfirmations struct {
+	// billingProviderUID is the UID of the BillingProvider whose pass confirmed these:
+	// a provider deleted and created again under the same name relies on none of them.
+	// +required
+	// +kubebuilder:validation:MaxLength=64
+	BillingProviderUID string `json:"billingProviderUID"`
+
+	// byReason lists the confirmed settlements under the reason of their Reconciled
+	// condition (ConfirmedByProvider, ProviderCannotAnswer, Voided).
+	// +optional
+	// +kubebuilder:validation:MaxItems=3
+	// +listType=map
+	// +listMapKey=reason
+	ByReason []ConfirmationGroup `json:"byReason,omitempty"`
+
+	// markedOnSettlements counts confirmations past the cap, written on the
+	// settlements themselves as before.
+	// +optional
+	MarkedOnSettlements int32 `json:"markedOnSettlements,omitempty"`
+}
+
+// ConfirmationGroup is the settlements a pass confirmed for one reason.
+type ConfirmationGroup struct {
+	// reason of the Reconciled condition the archiver writes into the archived object.
+	// +required
+	// +kubebuilder:validation:Enum=ConfirmedByProvider;ProviderCannotAnswer;Voided
+	Reason string `json:"reason"`
+
+	// settlements, each "<uid>/<resourceVersion>".
+	// +optional
+	// +kubebuilder:validation:MaxItems=5000
+	// +listType=atomic
+	Settlements []string `json:"settlements,omitempty"`
+}
+
+// ConfirmedVersion is how a report names a confirmed settlement's version.
+func ConfirmedVersion(uid, resourceVersion string) string { return uid + "/" + resourceVersion }
+
 // ReconciliationReportSpec says what a pass covers. It is immutable.
 // +kubebuilder:validation:XValidation:rule="self == oldSelf",message="ReconciliationReport spec is immutable"
 type ReconciliationReportSpec struct {
@@ -163,6 +207,13 @@ type ReconciliationReportStatus struct {
 	// truncated is true when more findings exist than items lists.
 	// +optional
 	Truncated bool `json:"truncated,omitempty"`
+
+	// confirmed lists the settled settlements this pass confirmed, with the archive on:
+	// the archiver takes a settlement confirmed here at exactly its current version for
+	// confirmed, and no settlement is written for it (docs/design.md §7, §12). Without
+	// the archive, and past the cap, the pass marks the settlement itself instead.
+	// +optional
+	Confirmed *SettlementConfirmations `json:"confirmed,omitempty"`
 
 	// conditions: Ready is True once the pass completed.
 	// +optional

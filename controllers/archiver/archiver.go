@@ -64,6 +64,8 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=jobcompletions,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingsettlements,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=reconciliationreports,verbs=get;list;watch
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingproviders,verbs=get;list;watch
 
 // finished says whether a record is done and since when ("" reason when it is).
 func finished(obj client.Object) (bool, time.Time) {
@@ -110,7 +112,8 @@ func finished(obj client.Object) (bool, time.Time) {
 		}
 		switch st.State {
 		case hooksv1alpha1.SettlementSettled:
-			// Settled and confirmed by a reconciliation pass.
+			// Settled and confirmed by a reconciliation pass (itself, or a report of it
+			// the reconcile applied first: confirmations.go).
 			if !meta.IsStatusConditionTrue(st.Conditions, hooksv1alpha1.ConditionReconciled) {
 				return false, time.Time{}
 			}
@@ -254,6 +257,9 @@ func (a *Reconciler) archiveOne(kind string, newObj func() client.Object, insert
 		if !obj.GetDeletionTimestamp().IsZero() {
 			return ctrl.Result{}, nil // on its way out: the finalizer path archives it
 		}
+		if err := a.confirmFromReport(ctx, obj); err != nil {
+			return ctrl.Result{}, err
+		}
 		done, since := finished(obj)
 		if !done {
 			return ctrl.Result{}, nil // its next change brings it back
@@ -353,6 +359,13 @@ func (a *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 				UpdateFunc: func(event.UpdateEvent) bool { return false },
 				DeleteFunc: func(event.DeleteEvent) bool { return true },
 			}))
+		}
+		if k.name == "BillingSettlement" {
+			// A settlement a pass confirmed in its report is taken when the report is written.
+			var err error
+			if b, err = a.watchConfirmations(mgr, b); err != nil {
+				return err
+			}
 		}
 		if err := b.Complete(a.archiveOne(k.name, k.obj, k.insert, k.hold)); err != nil {
 			return err

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/confirmation"
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
 )
 
@@ -81,6 +82,9 @@ type passState struct {
 	walkStarted time.Time
 	// windowStart is the report's window start.
 	windowStart time.Time
+	// confirmed collects the settlements the pass confirmed, for its report (nil
+	// without the archive: they are marked on the settlements themselves).
+	confirmed *confirmation.Set
 	// items keeps up to maxReportItems findings per type until the report is filled.
 	items map[hooksv1alpha1.DiscrepancyType][]hooksv1alpha1.Discrepancy
 }

@@ -156,7 +156,7 @@ func (r *Reconciler) compareProvider(ctx context.Context, bp *hooksv1alpha1.Bill
 					CarriedOut: carried,
 					Message:    fmt.Sprintf("the provider settled %s; locally %s: importing the provider's final status by key", rec.ID, settlement.StateOrNew(bs.Status.State))})
 			case rec.Status == billing.StatusSettled:
-				r.markReconciled(ctx, bs, rec, now)
+				r.markReconciled(ctx, p, bs, rec, now)
 			}
 		}
 		// A record whose settlement left for the archive is compared with the archived one.
@@ -191,8 +191,13 @@ func (r *Reconciler) compareProvider(ctx context.Context, bp *hooksv1alpha1.Bill
 		return bs.Status.SentTo == nil || *bs.Status.SentTo == target
 	}
 	for _, bs := range mine {
-		if bs.Status.State != hooksv1alpha1.SettlementSettled || seen[bs.Spec.IdempotencyKey] ||
-			bs.Status.SettledAt == nil || bs.Status.SettledAt.Time.Before(since) {
+		if bs.Status.State != hooksv1alpha1.SettlementSettled || seen[bs.Spec.IdempotencyKey] || bs.Status.SettledAt == nil {
+			continue
+		}
+		// One settled before the window is asked about again only when an earlier pass
+		// confirmed another version of it than it has now (it changed since, and the
+		// archiver waits for a confirmation of this version).
+		if bs.Status.SettledAt.Time.Before(since) && (p.confirmed == nil || !p.confirmed.ChangedSince(bs)) {
 			continue
 		}
 		reverses, reversesRef, err := archivelookup.ReversedKey(ctx, r.Client, r.Archive, bs)
@@ -210,7 +215,7 @@ func (r *Reconciler) compareProvider(ctx context.Context, bp *hooksv1alpha1.Bill
 				// on the provider's answer to its submission, which it matched field by
 				// field. Counted and marked (so it may be archived).
 				p.examined["SettlementNotComparable"]++
-				r.markCompared(ctx, bs, hooksv1alpha1.ReasonProviderCannotAnswer,
+				r.markCompared(ctx, p, bs, hooksv1alpha1.ReasonProviderCannotAnswer,
 					"the provider cannot list or read back this kind of record: it rests on the provider's answer to its submission; "+
 						"compare the provider's own totals (Stripe: the meter's event summaries) in its dashboard", now)
 				continue
@@ -230,7 +235,7 @@ func (r *Reconciler) compareProvider(ctx context.Context, bp *hooksv1alpha1.Bill
 					ProviderRef: rec.ID, Action: hooksv1alpha1.RepairManualReview, Message: why})
 				continue
 			}
-			r.markReconciled(ctx, bs, rec, now)
+			r.markReconciled(ctx, p, bs, rec, now)
 			continue
 		}
 		if !found {
@@ -241,7 +246,7 @@ func (r *Reconciler) compareProvider(ctx context.Context, bp *hooksv1alpha1.Bill
 				return err
 			}
 			if void != "" {
-				r.markCompared(ctx, bs, hooksv1alpha1.ReasonVoided,
+				r.markCompared(ctx, p, bs, hooksv1alpha1.ReasonVoided,
 					fmt.Sprintf("the provider no longer has %s: %s voided it", bs.Status.ProviderRef, void), now)
 				continue
 			}

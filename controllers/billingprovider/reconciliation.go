@@ -14,6 +14,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
+	"github.com/settlement-operator/settlement-operator/internal/confirmation"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
@@ -42,12 +43,22 @@ func (r *Reconciler) pass(ctx context.Context, bp *hooksv1alpha1.BillingProvider
 	p := &passState{report: &rr.Status, byType: map[hooksv1alpha1.DiscrepancyType]int32{}, examined: map[string]int32{},
 		namespace: bp.Namespace, provider: bp.Name, previous: r.findings.last(bp.UID), seen: map[uint64]struct{}{}, windowStart: start}
 	rr.Status.Phase = hooksv1alpha1.ReportRunning
+	if r.Archive != nil {
+		kept, err := r.reportsOf(ctx, bp)
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		p.confirmed = confirmation.NewSet(kept, bp.UID)
+	}
 
 	cctx, cancel := context.WithTimeout(ctx, passDeadline(bp))
 	err := r.compare(cctx, bp, c, policy, now, rr.Name, p)
 	cancel()
 	r.findings.remember(bp.UID, p.seen, p.previous, err == nil && p.listedAll)
 	p.fillItems()
+	if p.confirmed != nil {
+		p.confirmed.Fill(&rr.Status, bp.UID)
+	}
 	rr.Status.ObservedGeneration = rr.Generation
 	rr.Status.Examined = p.examined
 	types := make([]string, 0, len(p.byType))
@@ -71,6 +82,9 @@ func (r *Reconciler) pass(ctx context.Context, bp *hooksv1alpha1.BillingProvider
 				rr.Status.Discrepancies, rr.Status.Repaired, rr.Status.NeedsReview))
 	}
 	if _, perr := statuspatch.Patch(ctx, r.Client, rr, base, false); perr != nil {
+		// The report held this pass's confirmations: a cut walk starts again from the mark,
+		// so the pages it listed before are listed, and confirmed, again.
+		r.walks.take(bp.UID)
 		return "", time.Time{}, fmt.Errorf("write report %s: %w", rr.Name, perr)
 	}
 	if rr.Status.NeedsReview > 0 {

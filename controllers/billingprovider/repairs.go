@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -13,6 +12,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
+	"github.com/settlement-operator/settlement-operator/internal/confirmation"
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 )
 
@@ -48,22 +48,36 @@ func (r *Reconciler) touch(ctx context.Context, ev *hooksv1alpha1.WebhookEvent, 
 	return true
 }
 
-// markReconciled sets the Reconciled condition on a settled settlement the provider
-// confirmed. Settled settlements are final, so their controller no longer writes
-// them; the optimistic lock still guards against a concurrent write (next pass
-// retries).
-func (r *Reconciler) markReconciled(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, rec billing.Record, now time.Time) {
+// markReconciled confirms a settled settlement the provider confirmed.
+func (r *Reconciler) markReconciled(ctx context.Context, p *passState, bs *hooksv1alpha1.BillingSettlement, rec billing.Record, now time.Time) {
 	if bs.Status.ProviderRef != "" && rec.ID != bs.Status.ProviderRef {
 		return // another record than the one the settlement adopted confirms nothing
 	}
-	r.markCompared(ctx, bs, hooksv1alpha1.ReasonConfirmedByProvider, fmt.Sprintf("the provider's record %s matches", rec.ID), now)
+	r.markCompared(ctx, p, bs, hooksv1alpha1.ReasonConfirmedByProvider, fmt.Sprintf("the provider's record %s matches", rec.ID), now)
 }
 
-// markCompared sets Reconciled=True: the pass has done what it can for this settlement.
-func (r *Reconciler) markCompared(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, reason, message string, now time.Time) {
-	if c := apimeta.FindStatusCondition(bs.Status.Conditions, hooksv1alpha1.ConditionReconciled); c != nil && c.Status == metav1.ConditionTrue {
+// markCompared confirms a settlement: the pass has done what it can for it. With the
+// archive on, the confirmation goes into the pass's report (its UID and the version
+// compared) and the settlement is not written; the archiver takes it from there
+// (docs/design.md §7, §12). Without the archive, or past the report's cap, it sets
+// Reconciled=True on the settlement itself. Settled settlements are final, so their
+// controller no longer writes them; the optimistic lock still guards against a
+// concurrent write (the next pass retries).
+func (r *Reconciler) markCompared(ctx context.Context, p *passState, bs *hooksv1alpha1.BillingSettlement, reason, message string, now time.Time) {
+	if confirmation.Confirmed(bs) {
 		return
 	}
+	if p.confirmed != nil {
+		if p.confirmed.Add(reason, bs) {
+			return
+		}
+		p.confirmed.Marked++
+	}
+	r.markOnSettlement(ctx, bs, reason, message, now)
+}
+
+// markOnSettlement writes Reconciled=True and lastReconciledAt on the settlement.
+func (r *Reconciler) markOnSettlement(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, reason, message string, now time.Time) {
 	base := bs.DeepCopy()
 	t := metav1.NewTime(now)
 	bs.Status.LastReconciledAt = &t

@@ -39,11 +39,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/confirmation"
 	"github.com/settlement-operator/settlement-operator/test/fakebilling"
 	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
@@ -653,11 +655,25 @@ func waitArchived(args []string) error {
 		inCluster := map[string]bool{}
 		var waiting []string
 		unconfirmed := 0
+		// With the archive on, a pass confirms in its report, not on the settlement.
+		var reports hooksv1alpha1.ReconciliationReportList
+		if err := c.List(ctx, &reports, client.InNamespace(*ns)); err != nil {
+			return err
+		}
+		var bps hooksv1alpha1.BillingProviderList
+		if err := c.List(ctx, &bps, client.InNamespace(*ns)); err != nil {
+			return err
+		}
+		providers := map[string]types.UID{}
+		for _, bp := range bps.Items {
+			providers[bp.Name] = bp.UID
+		}
 		for _, s := range w.settlements.Items {
 			inCluster[s.Name] = true
 			if s.Status.State == hooksv1alpha1.SettlementSettled {
 				why := "Reconciled"
-				if !apimeta.IsStatusConditionTrue(s.Status.Conditions, hooksv1alpha1.ConditionReconciled) {
+				_, _, inReport := confirmation.Find(reports.Items, providers[s.Spec.BillingProviderRef], &s)
+				if !inReport && !apimeta.IsStatusConditionTrue(s.Status.Conditions, hooksv1alpha1.ConditionReconciled) {
 					why = "not Reconciled yet"
 					unconfirmed++
 				}

@@ -11,3 +11,7 @@ const SettlementBillingProvider = "spec.billingProviderRef"
 // EventChildren indexes WebhookEvents by the names of the children their facts
 // derive, so a child's change is mapped to its events without listing them all.
 const EventChildren = "spec.children"
+
+// SettlementUID indexes BillingSettlements by UID: the archiver maps the settlements
+// a ReconciliationReport confirms (by UID and version) to their names.
+const SettlementUID = "metadata.uid"

@@ -59,10 +59,13 @@ type arcTracker struct {
 	archived                           [3]int
 	processed                          int
 	changed                            chan struct{}
+	// jobByUID maps settlements' UIDs to their job IDs: a report confirms settlements
+	// by UID (with the archive on, a pass's confirmations are in its report).
+	jobByUID map[string]string
 }
 
 func newArcTracker() *arcTracker {
-	return &arcTracker{byID: map[string]*arcDelivery{}, changed: make(chan struct{}, 1)}
+	return &arcTracker{byID: map[string]*arcDelivery{}, changed: make(chan struct{}, 1), jobByUID: map[string]string{}}
 }
 
 func (t *arcTracker) add(id string, scheduled time.Time) *arcDelivery {
@@ -108,6 +111,9 @@ func (t *arcTracker) onSettlement(obj any) {
 	if !settled {
 		return
 	}
+	t.mu.Lock()
+	t.jobByUID[string(bs.UID)] = bs.Spec.JobID
+	t.mu.Unlock()
 	t.observe(bs.Spec.JobID, func(d *arcDelivery, now time.Time) {
 		if d.settled.IsZero() {
 			d.settled = now
@@ -197,6 +203,32 @@ func (t *arcTracker) waitProcessed(ctx context.Context, ds []*arcDelivery, timeo
 	}
 }
 
+// onReport takes the settlements a report confirms as reconciled (docs/design.md §7):
+// with the archive on they carry no Reconciled condition in the cluster.
+func (t *arcTracker) onReport(obj any) {
+	rr, ok := obj.(*hooksv1alpha1.ReconciliationReport)
+	if !ok || rr.Status.Confirmed == nil {
+		return
+	}
+	for _, g := range rr.Status.Confirmed.ByReason {
+		for _, v := range g.Settlements {
+			uid, _, _ := strings.Cut(v, "/")
+			t.mu.Lock()
+			job, known := t.jobByUID[uid]
+			t.mu.Unlock()
+			if !known {
+				continue
+			}
+			t.observe(job, func(d *arcDelivery, now time.Time) {
+				if d.reconciled.IsZero() {
+					d.reconciled = now
+					t.reconciled++
+				}
+			})
+		}
+	}
+}
+
 // watchArchive starts the benchmark's informers on the archive namespace.
 func (b *run) watchArchive(ctx context.Context, t *arcTracker) (context.CancelFunc, error) {
 	c, err := cache.New(b.restCfg, cache.Options{Scheme: testenv.Scheme(),
@@ -213,6 +245,8 @@ func (b *run) watchArchive(ctx context.Context, t *arcTracker) (context.CancelFu
 		{&hooksv1alpha1.JobCompletion{}, toolscache.ResourceEventHandlerFuncs{DeleteFunc: t.onDelete(arcJob)}},
 		{&hooksv1alpha1.BillingSettlement{}, toolscache.ResourceEventHandlerFuncs{AddFunc: t.onSettlement,
 			UpdateFunc: func(_, n any) { t.onSettlement(n) }, DeleteFunc: t.onDelete(arcSettlement)}},
+		{&hooksv1alpha1.ReconciliationReport{}, toolscache.ResourceEventHandlerFuncs{AddFunc: t.onReport,
+			UpdateFunc: func(_, n any) { t.onReport(n) }}},
 	}
 	for _, h := range handlers {
 		inf, err := c.GetInformer(ctx, h.obj)

@@ -2,6 +2,7 @@ package crd_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -596,6 +597,32 @@ var _ = Describe("ReconciliationReport validation", func() {
 		Expect(k8s.Create(ctx, rr)).To(Succeed())
 		rr.Spec.WindowEnd = metav1.Unix(3000, 0)
 		expectInvalid(k8s.Update(ctx, rr), "ReconciliationReport spec is immutable")
+	})
+
+	It("holds a full pass's confirmations well under the object size limit, and refuses an unknown reason", func() {
+		ns := newNamespace()
+		rr := &hooksv1alpha1.ReconciliationReport{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "billing-2"},
+			Spec: hooksv1alpha1.ReconciliationReportSpec{BillingProviderRef: "billing",
+				WindowStart: metav1.Unix(1000, 0), WindowEnd: metav1.Unix(2000, 0)},
+		}
+		Expect(k8s.Create(ctx, rr)).To(Succeed())
+		base := rr.DeepCopy()
+		versions := make([]string, hooksv1alpha1.MaxConfirmedSettlements)
+		for i := range versions {
+			// A real UID and a resourceVersion as long as a busy etcd's.
+			versions[i] = hooksv1alpha1.ConfirmedVersion(fmt.Sprintf("0b5e7c1e-%04x-4000-8000-%012x", i%65536, i), fmt.Sprint(1_000_000_000+i))
+		}
+		rr.Status.Confirmed = &hooksv1alpha1.SettlementConfirmations{BillingProviderUID: "6f1d2c3b-0000-4000-8000-000000000001",
+			ByReason: []hooksv1alpha1.ConfirmationGroup{{Reason: hooksv1alpha1.ReasonConfirmedByProvider, Settlements: versions}}}
+		Expect(k8s.Status().Patch(ctx, rr, client.MergeFrom(base))).To(Succeed())
+		raw, err := json.Marshal(rr)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(len(raw)).To(BeNumerically("<", 300*1024), "a full report is well under 1 MiB")
+
+		bad := rr.DeepCopy()
+		bad.Status.Confirmed.ByReason = []hooksv1alpha1.ConfirmationGroup{{Reason: "Trusted", Settlements: versions[:1]}}
+		expectInvalid(k8s.Status().Patch(ctx, bad, client.MergeFrom(rr)), "Unsupported value")
 	})
 })
 
