@@ -1,0 +1,155 @@
+package archive_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archive"
+)
+
+// The compact forms of migration 0004 — a settlement as its columns, rest and compact
+// conditions; a job completion's compact conditions; a receipt's compact operations —
+// read back, through the functions every reader uses, as exactly the record archived
+// (the whole object, conditions and fields no content hash covers included). Where a
+// record's columns cannot say it exactly (a field a column holds with a default), the
+// row keeps the whole object, and reads back as exactly as well.
+func TestCompactFormsReadBackExactly(t *testing.T) {
+	ctx := context.Background()
+	s, db := newStoreDB(t)
+	conn, err := pgx.Connect(ctx, server.URL(db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+
+	at := func(sec int64) metav1.Time { return metav1.NewTime(time.Unix(1796131680+sec, 0).UTC()) }
+	cond := func(typ string, status metav1.ConditionStatus, gen int64, ltt metav1.Time, reason, msg string) metav1.Condition {
+		return metav1.Condition{Type: typ, Status: status, ObservedGeneration: gen, LastTransitionTime: ltt, Reason: reason, Message: msg}
+	}
+	settlements := map[string]struct {
+		mutate  func(*hooksv1alpha1.BillingSettlement)
+		compact bool
+	}{
+		"settled": {func(*hooksv1alpha1.BillingSettlement) {}, true},
+		"refund, failed, nothing sent": {func(bs *hooksv1alpha1.BillingSettlement) {
+			bs.Spec.Type, bs.Spec.Reverses, bs.Spec.Usage = hooksv1alpha1.SettlementRefund, "inference-stl-original", nil
+			bs.Spec.Amount = &hooksv1alpha1.Amount{Minor: 1250, Currency: "EUR"}
+			bs.Spec.JobID, bs.Spec.WebhookProvider, bs.Spec.SourceEvent = "", "", ""
+			bs.Status = hooksv1alpha1.BillingSettlementStatus{State: hooksv1alpha1.SettlementFailed, Exposure: hooksv1alpha1.ExposureNone,
+				LastError: &hooksv1alpha1.SettlementError{Class: "Permanent", Code: "card_declined"}}
+		}, true},
+		"odd values": {func(bs *hooksv1alpha1.BillingSettlement) {
+			bs.Spec.Usage.Unit, bs.Spec.Usage.Quantity = "", "0007.50"
+			bs.Spec.Metadata = map[string]string{"order": "A-1"}
+			occurred := at(-3600)
+			bs.Spec.OccurredAt, bs.Status.UsageDatedAt = &occurred, &occurred
+			bs.Labels["team"] = "payments"
+			bs.Annotations["example.com/ticket"] = "OPS-1 \"quoted\" ünïcode"
+			bs.Finalizers = append(bs.Finalizers, "example.com/hold")
+			bs.Status.ReversedBy = []string{"inference-stl-refund"}
+			bs.Status.ChargedAmount.Currency = ""
+			bs.Status.SentTo.Endpoint = ""
+			bs.Status.Conditions = []metav1.Condition{
+				cond("Settled", metav1.ConditionTrue, 0, at(1), "ProviderSettled", "line\nbreak, tab\t, quote \""),
+				cond("Ready", metav1.ConditionTrue, 0, at(1), "ProviderSettled", "line\nbreak, tab\t, quote \""),
+				cond("Reconciled", metav1.ConditionFalse, 3, at(-5), "", ""),
+				cond("Ready2", metav1.ConditionTrue, 0, at(1), "ProviderSettled", "line\nbreak, tab\t, quote \""),
+			}
+		}, true},
+		"a condition without a time": {func(bs *hooksv1alpha1.BillingSettlement) {
+			bs.Status.Conditions = append(bs.Status.Conditions, metav1.Condition{Type: "Odd", Status: metav1.ConditionUnknown, Reason: "R"})
+		}, true},
+		"no type (the column says Charge)": {func(bs *hooksv1alpha1.BillingSettlement) { bs.Spec.Type = "" }, false},
+		"no exposure (the column says None)": {func(bs *hooksv1alpha1.BillingSettlement) { bs.Status.Exposure = "" }, false},
+		"sentTo with nothing in it": {func(bs *hooksv1alpha1.BillingSettlement) {
+			bs.Status.SentTo = &hooksv1alpha1.ProviderTarget{CredentialsSecret: "token"}
+		}, true},
+		"empty sentTo (rest says it)": {func(bs *hooksv1alpha1.BillingSettlement) { bs.Status.SentTo = &hooksv1alpha1.ProviderTarget{} }, true},
+	}
+	i := 100
+	for name, tc := range settlements {
+		i++
+		_, jc, bs := happyPath(i)
+		tc.mutate(bs)
+		if err := s.ArchiveSettlement(ctx, bs); err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		var raw []byte
+		var objectStored bool
+		if err := conn.QueryRow(ctx, `SELECT settlement_object(t), t.object IS NOT NULL FROM settlements t WHERE name = $1`, bs.Name).
+			Scan(&raw, &objectStored); err != nil {
+			t.Fatal(err)
+		}
+		if objectStored == tc.compact {
+			t.Errorf("%s: the row stores the whole object: %v, want %v", name, objectStored, !tc.compact)
+		}
+		want, _ := archive.ObjectJSONForTest(bs, "BillingSettlement")
+		sameObject(t, name, raw, want)
+		got, err := s.Settlement(ctx, bs.Namespace, bs.Name)
+		if err != nil || got == nil {
+			t.Fatalf("%s: %v %v", name, got, err)
+		}
+		gotConds, _ := json.Marshal(got.Status.Conditions)
+		wantConds, _ := json.Marshal(bs.Status.Conditions)
+		if !bytes.Equal(gotConds, wantConds) {
+			t.Errorf("%s: conditions read back as %s, want %s", name, gotConds, wantConds)
+		}
+
+		// A job completion of each shape of conditions.
+		jc.Status.Conditions = bs.Status.Conditions
+		if err := s.ArchiveJobCompletion(ctx, jc); err != nil {
+			t.Fatalf("%s: job completion: %v", name, err)
+		}
+		if err := conn.QueryRow(ctx, `SELECT job_completion_object(t) FROM job_completions t WHERE name = $1`, jc.Name).Scan(&raw); err != nil {
+			t.Fatal(err)
+		}
+		want, _ = archive.ObjectJSONForTest(jc, "JobCompletion")
+		sameObject(t, name+" (job completion)", raw, want)
+	}
+
+	// Receipts: operations of every shape, an empty child among them.
+	ev, _, _ := happyPath(200)
+	ev.Status.Operations = append(ev.Status.Operations, hooksv1alpha1.OperationStatus{Type: hooksv1alpha1.OperationBillingSettlement,
+		Key: `["odd","key"]`, Outcome: hooksv1alpha1.OutcomeLinked})
+	if err := s.ArchiveEvent(ctx, ev); err != nil {
+		t.Fatal(err)
+	}
+	var ops []byte
+	if err := conn.QueryRow(ctx, `SELECT event_receipt_object(t) -> 'status' -> 'operations' FROM event_receipts t WHERE name = $1`, ev.Name).
+		Scan(&ops); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := json.Marshal([]map[string]string{
+		{"type": "JobCompletion", "key": ev.Status.Operations[0].Key, "child": ev.Status.Operations[0].Child, "outcome": "Created"},
+		{"type": "BillingSettlement", "key": ev.Status.Operations[1].Key, "child": ev.Status.Operations[1].Child, "outcome": "Created"},
+		{"type": "BillingSettlement", "key": `["odd","key"]`, "outcome": "Linked"}})
+	sameObject(t, "operations", ops, want)
+}
+
+// sameObject compares two JSON documents as values (key order and spacing aside).
+func sameObject(t *testing.T, what string, got, want []byte) {
+	t.Helper()
+	decode := func(b []byte) any {
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.UseNumber()
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return v
+	}
+	if g, w := decode(got), decode(want); !reflect.DeepEqual(g, w) {
+		gj, _ := json.Marshal(g)
+		wj, _ := json.Marshal(w)
+		t.Errorf("%s reads back as\n%s\nwant\n%s", what, gj, wj)
+	}
+}
