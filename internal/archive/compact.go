@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"reflect"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,6 +31,49 @@ func shaOf(hexHash string) []byte {
 // contentHashColumn reads a row's content hash as hex, of either form.
 const contentHashColumn = `coalesce(t.content_hash, encode(t.content_sha, 'hex'))`
 
+// uidColumns are the values of uid and uid_uuid (or sent_to_provider_uid and
+// sent_to_provider_uuid) for a UID: the uuid where it is one in uuid's own text form
+// (so it reads back the same), the text otherwise.
+func uidColumns(uid string) []any {
+	if isUUIDText(uid) {
+		return []any{nil, uid}
+	}
+	return []any{uid, nil}
+}
+
+// isUUIDText reports whether s is a UUID as PostgreSQL writes one: 8-4-4-4-12
+// lowercase hex digits.
+func isUUIDText(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// payloadColumns are the values of payload_hash and payload_sha: the 32 bytes of a
+// "sha256:<64 lowercase hex>" hash, the text otherwise.
+func payloadColumns(h string) []any {
+	if hexPart, ok := strings.CutPrefix(h, "sha256:"); ok && len(hexPart) == 64 && strings.ToLower(hexPart) == hexPart {
+		if b, err := hex.DecodeString(hexPart); err == nil {
+			return []any{nil, b}
+		}
+	}
+	return []any{h, nil}
+}
+
 // compactOperations is operations_compact: [type, key, child, outcome] per operation.
 func compactOperations(ops []operationContent) []byte {
 	out := make([][4]string, len(ops))
@@ -42,8 +86,9 @@ func compactOperations(ops []operationContent) []byte {
 
 // compactConditions is conditions_compact for conds (nil when they cannot be said so
 // exactly, or there are none: they then stay where they were). A condition is
-// [type, status, reason, message, lastTransitionTime in Unix seconds, observedGeneration],
-// or [type, i] when it says what element i (of the first form) says.
+// [type, status, reason, message, lastTransitionTime, observedGeneration], or [type, i]
+// when it says what element i (of the first form) says. The first condition's time is
+// in Unix seconds, every other's in seconds after it.
 func compactConditions(conds []metav1.Condition) []byte {
 	if len(conds) == 0 {
 		return nil
@@ -63,7 +108,11 @@ func compactConditions(conds []metav1.Condition) []byte {
 			}
 		}
 		if !copied {
-			out = append(out, []any{c.Type, string(c.Status), c.Reason, c.Message, t.Unix(), c.ObservedGeneration})
+			at := t.Unix() // the first condition's time; every later one's, in seconds after it
+			if len(out) > 0 {
+				at -= conds[0].LastTransitionTime.Unix()
+			}
+			out = append(out, []any{c.Type, string(c.Status), c.Reason, c.Message, at, c.ObservedGeneration})
 		}
 	}
 	b, err := json.Marshal(out)
@@ -127,16 +176,12 @@ func settlementColumnsObject(bs *hooksv1alpha1.BillingSettlement, c settlementCo
 		"idempotencyKey": c.idempotencyKey, "type": c.typ, "reverses": orNil(c.reverses), "customer": c.customer,
 		"jobID": orNil(c.jobID), "webhookProvider": orNil(c.webhookProvider), "sourceEvent": orNil(c.sourceEvent)}
 	if c.meter != nil {
-		u := map[string]any{"meter": *c.meter}
-		if c.unit != nil && *c.unit != "" {
-			u["unit"] = *c.unit
-		}
-		sp["usage"] = u
+		sp["usage"] = usageColumnsObject(c.meter, c.unit, c.qty)
 	}
 	if c.minor != nil {
 		sp["amount"] = map[string]any{"minor": *c.minor, "currency": deref(c.currency)}
 	}
-	st := map[string]any{"state": orNil(c.state), "exposure": c.exposure, "providerRef": orNil(c.providerRef),
+	st := map[string]any{"observedGeneration": 1, "state": orNil(c.state), "exposure": c.exposure, "providerRef": orNil(c.providerRef),
 		"providerStatus": orNil(c.providerStatus), "firstSubmittedAt": timeText(c.firstSubmittedAt),
 		"settledAt": timeText(c.settledAt), "lastReconciledAt": timeText(c.lastReconciledAt)}
 	if c.attempts != 0 {
@@ -151,11 +196,39 @@ func settlementColumnsObject(bs *hooksv1alpha1.BillingSettlement, c settlementCo
 	return map[string]any{
 		"apiVersion": hooksv1alpha1.GroupVersion.String(),
 		"kind":       "BillingSettlement",
-		"metadata": map[string]any{"namespace": bs.Namespace, "name": bs.Name, "uid": string(bs.UID),
-			"creationTimestamp": bs.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z")},
-		"spec":   withoutNils(sp),
-		"status": withoutNils(st),
+		"metadata":   metadataColumnsObject(&bs.ObjectMeta),
+		"spec":       withoutNils(sp),
+		"status":     withoutNils(st),
 	}
+}
+
+// usageColumnsObject is a usage as the functions build it from usage_meter,
+// usage_unit and usage_quantity (numeric, as text: "007.50" reads "7.50"; rest says the
+// quantity as received where that differs).
+func usageColumnsObject(meter, unit, qty *string) map[string]any {
+	u := map[string]any{"meter": *meter, "quantity": numericText(deref(qty))}
+	if unit != nil && *unit != "" {
+		u["unit"] = *unit
+	}
+	return u
+}
+
+// numericText is a decimal as PostgreSQL's numeric writes it: the integer part without
+// leading zeros, the fraction as given (its scale is kept). Anything else is returned as
+// is (the insert refuses it).
+func numericText(q string) string {
+	intPart, frac, hasFrac := strings.Cut(q, ".")
+	if intPart == "" || strings.Trim(intPart, "0123456789") != "" || (hasFrac && (frac == "" || strings.Trim(frac, "0123456789") != "")) {
+		return q
+	}
+	intPart = strings.TrimLeft(intPart, "0")
+	if intPart == "" {
+		intPart = "0"
+	}
+	if hasFrac {
+		return intPart + "." + frac
+	}
+	return intPart
 }
 
 func deref(p *string) string {
@@ -214,29 +287,74 @@ func merged(a, b any) any {
 // settlementRest is a settlement's rest and conditions_compact, or ok false when its
 // columns and rest cannot give its object back exactly (the row then stores the object).
 func settlementRest(bs *hooksv1alpha1.BillingSettlement, c settlementColumns) (rest, conds []byte, ok bool) {
-	m, err := objectMap(bs, "BillingSettlement")
+	return compactRest(bs, "BillingSettlement", &bs.ObjectMeta, bs.Status.Conditions, settlementColumnsObject(bs, c))
+}
+
+// jobRest is a job completion's rest and conditions_compact, or ok false when its
+// columns and rest cannot give its object back exactly (the row then stores the object).
+func jobRest(jc *hooksv1alpha1.JobCompletion) (rest, conds []byte, ok bool) {
+	return compactRest(jc, "JobCompletion", &jc.ObjectMeta, jc.Status.Conditions, jobColumnsObject(jc))
+}
+
+// jobColumnsObject is what job_completion_object builds from a job completion's
+// columns alone (rows since migration 0004), before rest is merged in.
+func jobColumnsObject(jc *hooksv1alpha1.JobCompletion) map[string]any {
+	c := jc.Spec.Completion
+	completion := map[string]any{"version": c.Version, "state": string(c.State), "sourceEvent": orNil(c.SourceEvent),
+		"completedAt": timeText(ts(c.CompletedAt))}
+	if u := c.Usage; u != nil {
+		completion["usage"] = usageColumnsObject(&u.Meter, &u.Unit, &u.Quantity)
+	}
+	st := map[string]any{"observedGeneration": 1, "state": orNil(string(jc.Status.State)), "appliedAt": timeText(ts(jc.Status.AppliedAt))}
+	if jc.Status.AppliedVersion != nil {
+		st["appliedVersion"] = *jc.Status.AppliedVersion
+	}
+	if c.SourceEvent != "" {
+		st["sourceEvents"] = []any{c.SourceEvent}
+	}
+	return map[string]any{
+		"apiVersion": hooksv1alpha1.GroupVersion.String(),
+		"kind":       "JobCompletion",
+		"metadata":   metadataColumnsObject(&jc.ObjectMeta),
+		"spec": map[string]any{"provider": jc.Spec.Provider, "jobID": jc.Spec.JobID,
+			"completion": withoutNils(completion)},
+		"status": withoutNils(st),
+	}
+}
+
+// metadataColumnsObject is the metadata the functions build: from the columns, and
+// generation 1 (rest says any other).
+func metadataColumnsObject(md *metav1.ObjectMeta) map[string]any {
+	return map[string]any{"namespace": md.Namespace, "name": md.Name, "uid": string(md.UID),
+		"creationTimestamp": md.CreationTimestamp.UTC().Format("2006-01-02T15:04:05Z"), "generation": 1}
+}
+
+// compactRest is what of obj (as objectJSON keeps it) columns does not say, with its
+// conditions compact where they read back exactly; ok false when merging rest over
+// columns would not give obj back.
+func compactRest(obj any, kind string, md *metav1.ObjectMeta, conditions []metav1.Condition, columns map[string]any) (rest, conds []byte, ok bool) {
+	m, err := objectMap(obj, kind)
 	if err != nil {
 		return nil, nil, false
 	}
-	if bs.CreationTimestamp.IsZero() || bs.CreationTimestamp.UTC().Year() > 9999 {
+	if md.CreationTimestamp.IsZero() || md.CreationTimestamp.UTC().Year() > 9999 {
 		return nil, nil, false
 	}
-	obj, _ := normalized(m).(map[string]any)
-	if obj == nil {
+	want, _ := normalized(m).(map[string]any)
+	if want == nil {
 		return nil, nil, false
 	}
-	if conds = compactConditions(bs.Status.Conditions); conds != nil {
-		if st, _ := obj["status"].(map[string]any); st != nil {
+	if conds = compactConditions(conditions); conds != nil && conditionsReadBack(conds, conditions) {
+		if st, _ := want["status"].(map[string]any); st != nil {
 			delete(st, "conditions")
 		}
+	} else {
+		conds = nil
 	}
-	base, _ := normalized(settlementColumnsObject(bs, c)).(map[string]any)
-	r := restOf(obj, base)
-	// status always comes back (exposure is a column): an object without one cannot.
-	if _, has := obj["status"]; !has || !reflect.DeepEqual(merged(base, r), obj) {
-		return nil, nil, false
-	}
-	if conds != nil && !conditionsReadBack(conds, bs.Status.Conditions) {
+	base, _ := normalized(columns).(map[string]any)
+	r := restOf(want, base)
+	// status always comes back from the columns: an object without one cannot.
+	if _, has := want["status"]; !has || !reflect.DeepEqual(merged(base, r), want) {
 		return nil, nil, false
 	}
 	rest, err = json.Marshal(r)
@@ -262,14 +380,14 @@ func expandConditions(compact []byte) ([]map[string]any, error) {
 		return nil, err
 	}
 	out := make([]map[string]any, 0, len(elems))
-	for _, e := range elems {
-		f := e
+	var first int64
+	for n, e := range elems {
+		f, fi := e, n
 		if len(e) == 2 {
-			var i int
-			if err := json.Unmarshal(e[1], &i); err != nil || i < 0 || i >= len(elems) {
+			if err := json.Unmarshal(e[1], &fi); err != nil || fi < 0 || fi >= len(elems) {
 				return nil, errBadCompact
 			}
-			f = elems[i]
+			f = elems[fi]
 		}
 		if len(f) != 6 {
 			return nil, errBadCompact
@@ -283,6 +401,12 @@ func expandConditions(compact []byte) ([]map[string]any, error) {
 		}
 		if err := json.Unmarshal(e[0], &typ); err != nil {
 			return nil, err
+		}
+		if n == 0 {
+			first = at
+		}
+		if fi != 0 {
+			at += first
 		}
 		c := map[string]any{"type": typ, "status": status, "reason": reason, "message": message,
 			"lastTransitionTime": time.Unix(at, 0).UTC().Format("2006-01-02T15:04:05Z")}

@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
@@ -43,7 +45,7 @@ func TestCompactFormsReadBackExactly(t *testing.T) {
 			bs.Spec.Type, bs.Spec.Reverses, bs.Spec.Usage = hooksv1alpha1.SettlementRefund, "inference-stl-original", nil
 			bs.Spec.Amount = &hooksv1alpha1.Amount{Minor: 1250, Currency: "EUR"}
 			bs.Spec.JobID, bs.Spec.WebhookProvider, bs.Spec.SourceEvent = "", "", ""
-			bs.Status = hooksv1alpha1.BillingSettlementStatus{State: hooksv1alpha1.SettlementFailed, Exposure: hooksv1alpha1.ExposureNone,
+			bs.Status = hooksv1alpha1.BillingSettlementStatus{ObservedGeneration: 1, State: hooksv1alpha1.SettlementFailed, Exposure: hooksv1alpha1.ExposureNone,
 				LastError: &hooksv1alpha1.SettlementError{Class: "Permanent", Code: "card_declined"}}
 		}, true},
 		"odd values": {func(bs *hooksv1alpha1.BillingSettlement) {
@@ -67,7 +69,16 @@ func TestCompactFormsReadBackExactly(t *testing.T) {
 		"a condition without a time": {func(bs *hooksv1alpha1.BillingSettlement) {
 			bs.Status.Conditions = append(bs.Status.Conditions, metav1.Condition{Type: "Odd", Status: metav1.ConditionUnknown, Reason: "R"})
 		}, true},
-		"no type (the column says Charge)": {func(bs *hooksv1alpha1.BillingSettlement) { bs.Spec.Type = "" }, false},
+		"UIDs not in uuid's text form": {func(bs *hooksv1alpha1.BillingSettlement) {
+			bs.UID = "uid-not-a-uuid"
+			bs.Status.SentTo.BillingProviderUID = "0000000A-0009-4003-8009-000000005CCD"
+		}, true},
+		"no type (the column says Charge)":     {func(bs *hooksv1alpha1.BillingSettlement) { bs.Spec.Type = "" }, false},
+		"never observed (the functions say 1)": {func(bs *hooksv1alpha1.BillingSettlement) { bs.Status.ObservedGeneration = 0 }, false},
+		"generation 0 (the functions say 1)":   {func(bs *hooksv1alpha1.BillingSettlement) { bs.Generation = 0 }, false},
+		"generation 3": {func(bs *hooksv1alpha1.BillingSettlement) {
+			bs.Generation, bs.Status.ObservedGeneration = 3, 2
+		}, true},
 		"no exposure (the column says None)": {func(bs *hooksv1alpha1.BillingSettlement) { bs.Status.Exposure = "" }, false},
 		"sentTo with nothing in it": {func(bs *hooksv1alpha1.BillingSettlement) {
 			bs.Status.SentTo = &hooksv1alpha1.ProviderTarget{CredentialsSecret: "token"}
@@ -116,6 +127,52 @@ func TestCompactFormsReadBackExactly(t *testing.T) {
 		sameObject(t, name+" (job completion)", raw, want)
 	}
 
+	// Job completions of every shape; quantities numeric writes otherwise.
+	jobs := map[string]func(*hooksv1alpha1.JobCompletion){
+		"applied":       func(*hooksv1alpha1.JobCompletion) {},
+		"leading zeros": func(jc *hooksv1alpha1.JobCompletion) { jc.Spec.Completion.Usage.Quantity = "000" },
+		"scale kept":    func(jc *hooksv1alpha1.JobCompletion) { jc.Spec.Completion.Usage.Quantity = "12.000" },
+		"past int64":    func(jc *hooksv1alpha1.JobCompletion) { jc.Spec.Completion.Usage.Quantity = "100000000000000000000.5" },
+		"a fraction":    func(jc *hooksv1alpha1.JobCompletion) { jc.Spec.Completion.Usage.Quantity = "0.5" },
+		"no unit":       func(jc *hooksv1alpha1.JobCompletion) { jc.Spec.Completion.Usage.Unit = "" },
+		"no usage":      func(jc *hooksv1alpha1.JobCompletion) { jc.Spec.Completion.Usage = nil },
+		"two events": func(jc *hooksv1alpha1.JobCompletion) {
+			jc.Status.SourceEvents = append(jc.Status.SourceEvents, "inference-other")
+		},
+		"no events":       func(jc *hooksv1alpha1.JobCompletion) { jc.Status.SourceEvents = nil },
+		"no source event": func(jc *hooksv1alpha1.JobCompletion) { jc.Spec.Completion.SourceEvent = "" },
+		"generation 2":    func(jc *hooksv1alpha1.JobCompletion) { jc.Generation, jc.Status.ObservedGeneration = 2, 2 },
+		"never observed":  func(jc *hooksv1alpha1.JobCompletion) { jc.Status.ObservedGeneration = 0 },
+		"failed, nothing applied": func(jc *hooksv1alpha1.JobCompletion) {
+			jc.Status.State, jc.Status.AppliedVersion, jc.Status.AppliedAt = hooksv1alpha1.JobCompletionFailed, nil, nil
+			jc.Status.LastError, jc.Status.Attempts = "sink answered 500", 3
+			jc.Spec.Sink = &hooksv1alpha1.JobSink{Type: hooksv1alpha1.JobSinkHTTP, URL: "https://jobs.example.com"}
+			jc.Annotations = map[string]string{"example.com/ticket": "OPS-1"}
+		},
+	}
+	for name, mutate := range jobs {
+		i++
+		_, jc, _ := happyPath(i)
+		mutate(jc)
+		if err := s.ArchiveJobCompletion(ctx, jc); err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		var raw []byte
+		var objectStored bool
+		if err := conn.QueryRow(ctx, `SELECT job_completion_object(t), t.object IS NOT NULL FROM job_completions t WHERE name = $1`, jc.Name).
+			Scan(&raw, &objectStored); err != nil {
+			t.Fatal(err)
+		}
+		// Without status.sourceEvents the columns would say one (source_event), without
+		// status.observedGeneration 1: the row keeps the whole object.
+		if wantObject := name == "no events" || name == "never observed"; objectStored != wantObject {
+			t.Errorf("%s: the job completion's row stores the whole object: %v, want %v", name, objectStored, wantObject)
+		}
+		want, _ := archive.ObjectJSONForTest(jc, "JobCompletion")
+		sameObject(t, name+" (job completion)", raw, want)
+	}
+
 	// Receipts: operations of every shape, an empty child among them.
 	ev, _, _ := happyPath(200)
 	ev.Status.Operations = append(ev.Status.Operations, hooksv1alpha1.OperationStatus{Type: hooksv1alpha1.OperationBillingSettlement,
@@ -123,6 +180,24 @@ func TestCompactFormsReadBackExactly(t *testing.T) {
 	if err := s.ArchiveEvent(ctx, ev); err != nil {
 		t.Fatal(err)
 	}
+	// UIDs and payload hashes of every form read back as received.
+	for i, odd := range []struct{ uid, payload string }{
+		{"00000000-0000-4000-8000-00000000000A", "sha256:" + strings.Repeat("AB", 32)},
+		{"uid-1", "sha256:" + strings.Repeat("ab", 31)},
+		{"", "md5:0123"},
+		{"0a0a0a0a-0000-4000-8000-0000000000ff", "sha256:" + strings.Repeat("0f", 32)},
+	} {
+		e, _, _ := happyPath(300 + i)
+		e.UID, e.Spec.PayloadHash = types.UID(odd.uid), odd.payload
+		if err := s.ArchiveEvent(ctx, e); err != nil {
+			t.Fatalf("event with UID %q, payload hash %q: %v", odd.uid, odd.payload, err)
+		}
+		got, err := s.Event(ctx, e.Namespace, e.Spec.Provider, e.Spec.EventID)
+		if err != nil || got == nil || got.UID != odd.uid || got.PayloadHash != odd.payload {
+			t.Fatalf("event with UID %q, payload hash %q reads back as %+v, %v", odd.uid, odd.payload, got, err)
+		}
+	}
+
 	var ops []byte
 	if err := conn.QueryRow(ctx, `SELECT event_receipt_object(t) -> 'status' -> 'operations' FROM event_receipts t WHERE name = $1`, ev.Name).
 		Scan(&ops); err != nil {

@@ -242,4 +242,3 @@ func insert0002(t testing.TB, conn *pgx.Conn, ev *hooksv1alpha1.WebhookEvent, jc
 		}
 	}
 }
-

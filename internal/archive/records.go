@@ -150,10 +150,11 @@ func eventRow(ev *hooksv1alpha1.WebhookEvent) (*row, error) {
 		return nil, err
 	}
 	return &row{kind: "WebhookEvent", namespace: ev.Namespace, name: ev.Name, table: "event_receipts",
-		columns: []string{"namespace", "name", "uid", "provider", "event_id", "event_type", "payload_hash", "received_at",
-			"phase", "operations_compact::json", "created_at", "content_sha", "spec_extra"},
-		values: []any{ev.Namespace, ev.Name, string(ev.UID), ev.Spec.Provider, ev.Spec.EventID, ev.Spec.EventType, ev.Spec.PayloadHash,
-			ev.Spec.ReceivedAt.UTC(), string(ev.Status.Phase), string(ops), ev.CreationTimestamp.UTC(), shaOf(EventReceiptHash(ev)), extra},
+		columns: []string{"namespace", "name", "uid", "uid_uuid::uuid", "provider", "event_id", "event_type", "payload_hash",
+			"payload_sha", "received_at", "phase", "operations_compact::json", "created_at", "content_sha", "spec_extra"},
+		values: append(append(append([]any{ev.Namespace, ev.Name}, uidColumns(string(ev.UID))...), ev.Spec.Provider, ev.Spec.EventID,
+			ev.Spec.EventType), append(payloadColumns(ev.Spec.PayloadHash), ev.Spec.ReceivedAt.UTC(), string(ev.Status.Phase), string(ops),
+			ev.CreationTimestamp.UTC(), shaOf(EventReceiptHash(ev)), extra)...),
 		readBack: `event_receipt_object(t), ` + contentHashColumn + `, t.object IS NOT NULL, t.seq`,
 		check: func(stored []byte, legacy bool) (string, string, error) {
 			var got hooksv1alpha1.WebhookEvent
@@ -189,8 +190,8 @@ func eventSpecExtra(sp *hooksv1alpha1.WebhookEventSpec) ([]byte, error) {
 }
 
 // ArchiveJobCompletion archives one version of a job's completion. The columns hold
-// its facts and rest the remainder of the object (migration 0002); the row is read back
-// through job_completion_object, the function every later read goes through.
+// its facts and rest the remainder of the object (migrations 0002 and 0004); the row is
+// read back through job_completion_object, the function every later read goes through.
 func (s *Store) ArchiveJobCompletion(ctx context.Context, jc *hooksv1alpha1.JobCompletion) error {
 	r, err := jobRow(jc)
 	if err != nil {
@@ -199,68 +200,35 @@ func (s *Store) ArchiveJobCompletion(ctx context.Context, jc *hooksv1alpha1.JobC
 	return s.insertReadBack(ctx, r)
 }
 
-// jobRow is a job completion version's row.
+// jobRow is a job completion version's row: its columns, and (migration 0004) rest and
+// conditions_compact wherever job_completion_object gives the object back from them
+// exactly; otherwise the whole object.
 func jobRow(jc *hooksv1alpha1.JobCompletion) (*row, error) {
-	rest, conds, err := jobRest(jc)
-	if err != nil {
-		return nil, err
-	}
 	c := jc.Spec.Completion
 	var meter, unit *string
 	var qty *string
 	if u := c.Usage; u != nil {
 		meter, unit, qty = &u.Meter, &u.Unit, &u.Quantity
 	}
+	var obj []byte
+	rest, conds, ok := jobRest(jc)
+	if !ok {
+		var err error
+		if obj, err = objectJSON(jc, "JobCompletion"); err != nil {
+			return nil, err
+		}
+		rest, conds = nil, nil
+	}
 	return &row{kind: "JobCompletion", namespace: jc.Namespace, name: jc.Name, table: "job_completions",
-		columns: []string{"namespace", "name", "uid", "provider", "job_id", "version", "job_state", "state", "applied_version",
+		columns: []string{"namespace", "name", "uid", "uid_uuid::uuid", "provider", "job_id", "version", "job_state", "state", "applied_version",
 			"completed_at", "applied_at", "usage_meter", "usage_quantity::numeric", "usage_unit", "source_event", "created_at",
-			"content_sha", "rest", "conditions_compact::json"},
-		values: []any{jc.Namespace, jc.Name, string(jc.UID), jc.Spec.Provider, jc.Spec.JobID, c.Version, string(c.State),
+			"content_sha", "object", "rest", "conditions_compact::json"},
+		values: append(append([]any{jc.Namespace, jc.Name}, uidColumns(string(jc.UID))...), jc.Spec.Provider, jc.Spec.JobID, c.Version, string(c.State),
 			string(jc.Status.State), jc.Status.AppliedVersion, ts(c.CompletedAt), ts(jc.Status.AppliedAt), meter, qty, unit,
-			c.SourceEvent, jc.CreationTimestamp.UTC(), shaOf(JobContentHash(jc)), rest, textOrNil(conds)},
+			c.SourceEvent, jc.CreationTimestamp.UTC(), shaOf(JobContentHash(jc)), obj, rest, textOrNil(conds)),
 		readBack: `job_completion_object(t), ` + contentHashColumn + `, false, t.seq`,
 		key:      []string{"version"}, keyValues: []any{c.Version},
 		check: rehash(JobContentHash, jc)}, nil
-}
-
-// jobRest is the part of a job completion's object that has no column: the object
-// (as objectJSON keeps it) without what job_completion_object takes from the columns.
-// The usage stays whole (its quantity exactly as received; usage_quantity is numeric).
-// The conditions go to conditions_compact (migration 0004) when they read back exactly
-// from it, and stay in rest otherwise (conds nil).
-func jobRest(jc *hooksv1alpha1.JobCompletion) (rest, conds []byte, err error) {
-	m, err := objectMap(jc, "JobCompletion")
-	if err != nil {
-		return nil, nil, err
-	}
-	if conds = compactConditions(jc.Status.Conditions); conds != nil && conditionsReadBack(conds, jc.Status.Conditions) {
-		if st, ok := m["status"].(map[string]any); ok {
-			delete(st, "conditions")
-		}
-	} else {
-		conds = nil
-	}
-	delete(m, "apiVersion")
-	delete(m, "kind")
-	drop := func(path []string, keys ...string) {
-		cur := m
-		for _, p := range path {
-			next, ok := cur[p].(map[string]any)
-			if !ok {
-				return
-			}
-			cur = next
-		}
-		for _, k := range keys {
-			delete(cur, k)
-		}
-	}
-	drop([]string{"metadata"}, "namespace", "name", "uid", "creationTimestamp")
-	drop([]string{"spec"}, "provider", "jobID")
-	drop([]string{"spec", "completion"}, "version", "state", "completedAt", "sourceEvent")
-	drop([]string{"status"}, "state", "appliedVersion", "appliedAt")
-	rest, err = json.Marshal(m)
-	return rest, conds, err
 }
 
 // ArchiveSettlement archives a settlement.
@@ -328,17 +296,17 @@ func settlementRow(bs *hooksv1alpha1.BillingSettlement) (*row, error) {
 	}
 	st := &bs.Status
 	return &row{kind: "BillingSettlement", namespace: bs.Namespace, name: bs.Name, table: "settlements",
-		columns: []string{"namespace", "name", "uid", "billing_provider", "settlement_key", "idempotency_key", "type", "reverses",
+		columns: []string{"namespace", "name", "uid", "uid_uuid::uuid", "billing_provider", "settlement_key", "idempotency_key", "type", "reverses",
 			"customer", "job_id", "webhook_provider", "source_event", "usage_meter", "usage_quantity::numeric", "usage_unit", "amount_minor",
 			"amount_currency", "charged_minor", "charged_currency", "state", "exposure", "attempts", "provider_ref", "provider_status",
-			"sent_to_endpoint", "sent_to_provider_uid", "dead_lettered", "reconciled", "first_submitted_at", "settled_at",
+			"sent_to_endpoint", "sent_to_provider_uid", "sent_to_provider_uuid::uuid", "dead_lettered", "reconciled", "first_submitted_at", "settled_at",
 			"last_reconciled_at", "created_at", "content_sha", "object", "rest::json", "conditions_compact::json"},
-		values: []any{bs.Namespace, bs.Name, string(bs.UID), c.billingProvider, c.settlementKey, c.idempotencyKey, c.typ, c.reverses,
-			c.customer, c.jobID, c.webhookProvider, c.sourceEvent, c.meter, c.qty, c.unit, c.minor, c.currency, c.chargedMinor, c.chargedCurrency,
-			c.state, c.exposure, c.attempts, c.providerRef, c.providerStatus, c.endpoint, c.bpUID,
-			condTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered), condTrue(st.Conditions, hooksv1alpha1.ConditionReconciled),
+		values: append(append(append(append([]any{bs.Namespace, bs.Name}, uidColumns(string(bs.UID))...), c.billingProvider, c.settlementKey,
+			c.idempotencyKey, c.typ, c.reverses, c.customer, c.jobID, c.webhookProvider, c.sourceEvent, c.meter, c.qty, c.unit, c.minor,
+			c.currency, c.chargedMinor, c.chargedCurrency, c.state, c.exposure, c.attempts, c.providerRef, c.providerStatus, c.endpoint),
+			uidColumns(c.bpUID)...), condTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered), condTrue(st.Conditions, hooksv1alpha1.ConditionReconciled),
 			c.firstSubmittedAt, c.settledAt, c.lastReconciledAt, bs.CreationTimestamp.UTC(),
-			shaOf(SettlementContentHash(bs)), obj, textOrNil(rest), textOrNil(conds)},
+			shaOf(SettlementContentHash(bs)), obj, textOrNil(rest), textOrNil(conds)),
 		readBack: `settlement_object(t), ` + contentHashColumn + `, t.object IS NOT NULL, t.seq`,
 		check:    rehash(SettlementContentHash, bs)}, nil
 }
@@ -365,7 +333,8 @@ func (s *Store) Event(ctx context.Context, namespace, provider, eventID string) 
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var e EventReceipt
-	err := s.pool.QueryRow(ctx, `SELECT namespace, name, uid, provider, event_id, event_type, payload_hash, phase, received_at, archived_at
+	err := s.pool.QueryRow(ctx, `SELECT namespace, name, coalesce(uid, uid_uuid::text), provider, event_id, event_type,
+		coalesce(payload_hash, 'sha256:' || encode(payload_sha, 'hex')), phase, received_at, archived_at
 		FROM event_receipts WHERE namespace = $1 AND provider = $2 AND event_id = $3`, namespace, provider, eventID).
 		Scan(&e.Namespace, &e.Name, &e.UID, &e.Provider, &e.EventID, &e.EventType, &e.PayloadHash, &e.Phase, &e.ReceivedAt, &e.ArchivedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -598,7 +567,7 @@ func (s *Store) SettledUsage(ctx context.Context, namespace, billingProvider str
 	// at that time, which may be before its first attempt.
 	// status.usageDatedAt has no column: it is in the object (rows before migration
 	// 0004) or in rest.
-	rows, err := s.pool.Query(ctx, `SELECT s.name, s.uid, s.customer, s.usage_meter, s.usage_quantity::text,
+	rows, err := s.pool.Query(ctx, `SELECT s.name, coalesce(s.uid, s.uid_uuid::text), s.customer, s.usage_meter, s.usage_quantity::text,
 			LEAST(COALESCE(s.first_submitted_at, s.created_at), COALESCE((COALESCE(s.object->'status'->>'usageDatedAt',
 				s.rest->'status'->>'usageDatedAt'))::timestamptz, 'infinity')),
 			s.settled_at,
