@@ -218,6 +218,8 @@ func jobRow(jc *hooksv1alpha1.JobCompletion) (*row, error) {
 			return nil, err
 		}
 		rest, conds = nil, nil
+	} else if string(rest) == "{}" {
+		rest = nil // the columns say everything: NULL, which merges as nothing
 	}
 	return &row{kind: "JobCompletion", namespace: jc.Namespace, name: jc.Name, table: "job_completions",
 		columns: []string{"namespace", "name", "uid", "uid_uuid::uuid", "provider", "job_id", "version", "job_state", "state", "applied_version",
