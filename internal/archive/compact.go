@@ -34,11 +34,11 @@ const contentHashColumn = `coalesce(t.content_hash, encode(t.content_sha, 'hex')
 // uidColumns are the values of uid and uid_uuid (or sent_to_provider_uid and
 // sent_to_provider_uuid) for a UID: the uuid where it is one in uuid's own text form
 // (so it reads back the same), the text otherwise.
-func uidColumns(uid string) []any {
+func uidColumns(uid string) (text, asUUID any) {
 	if isUUIDText(uid) {
-		return []any{nil, uid}
+		return nil, uid
 	}
-	return []any{uid, nil}
+	return uid, nil
 }
 
 // isUUIDText reports whether s is a UUID as PostgreSQL writes one: 8-4-4-4-12
@@ -65,13 +65,13 @@ func isUUIDText(s string) bool {
 
 // payloadColumns are the values of payload_hash and payload_sha: the 32 bytes of a
 // "sha256:<64 lowercase hex>" hash, the text otherwise.
-func payloadColumns(h string) []any {
+func payloadColumns(h string) (text, sha any) {
 	if hexPart, ok := strings.CutPrefix(h, "sha256:"); ok && len(hexPart) == 64 && strings.ToLower(hexPart) == hexPart {
 		if b, err := hex.DecodeString(hexPart); err == nil {
-			return []any{nil, b}
+			return nil, b
 		}
 	}
-	return []any{h, nil}
+	return h, nil
 }
 
 // compactOperations is operations_compact: [type, key, child, outcome] per operation.

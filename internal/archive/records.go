@@ -149,12 +149,13 @@ func eventRow(ev *hooksv1alpha1.WebhookEvent) (*row, error) {
 	if err != nil {
 		return nil, err
 	}
+	uid, uidUUID := uidColumns(string(ev.UID))
+	payload, payloadSHA := payloadColumns(ev.Spec.PayloadHash)
 	return &row{kind: "WebhookEvent", namespace: ev.Namespace, name: ev.Name, table: "event_receipts",
 		columns: []string{"namespace", "name", "uid", "uid_uuid::uuid", "provider", "event_id", "event_type", "payload_hash",
 			"payload_sha", "received_at", "phase", "operations_compact::json", "created_at", "content_sha", "spec_extra"},
-		values: append(append(append([]any{ev.Namespace, ev.Name}, uidColumns(string(ev.UID))...), ev.Spec.Provider, ev.Spec.EventID,
-			ev.Spec.EventType), append(payloadColumns(ev.Spec.PayloadHash), ev.Spec.ReceivedAt.UTC(), string(ev.Status.Phase), string(ops),
-			ev.CreationTimestamp.UTC(), shaOf(EventReceiptHash(ev)), extra)...),
+		values: []any{ev.Namespace, ev.Name, uid, uidUUID, ev.Spec.Provider, ev.Spec.EventID, ev.Spec.EventType, payload, payloadSHA,
+			ev.Spec.ReceivedAt.UTC(), string(ev.Status.Phase), string(ops), ev.CreationTimestamp.UTC(), shaOf(EventReceiptHash(ev)), extra},
 		readBack: `event_receipt_object(t), ` + contentHashColumn + `, t.object IS NOT NULL, t.seq`,
 		check: func(stored []byte, legacy bool) (string, string, error) {
 			var got hooksv1alpha1.WebhookEvent
@@ -221,13 +222,14 @@ func jobRow(jc *hooksv1alpha1.JobCompletion) (*row, error) {
 	} else if string(rest) == "{}" {
 		rest = nil // the columns say everything: NULL, which merges as nothing
 	}
+	uid, uidUUID := uidColumns(string(jc.UID))
 	return &row{kind: "JobCompletion", namespace: jc.Namespace, name: jc.Name, table: "job_completions",
 		columns: []string{"namespace", "name", "uid", "uid_uuid::uuid", "provider", "job_id", "version", "job_state", "state", "applied_version",
 			"completed_at", "applied_at", "usage_meter", "usage_quantity::numeric", "usage_unit", "source_event", "created_at",
 			"content_sha", "object", "rest", "conditions_compact::json"},
-		values: append(append([]any{jc.Namespace, jc.Name}, uidColumns(string(jc.UID))...), jc.Spec.Provider, jc.Spec.JobID, c.Version, string(c.State),
+		values: []any{jc.Namespace, jc.Name, uid, uidUUID, jc.Spec.Provider, jc.Spec.JobID, c.Version, string(c.State),
 			string(jc.Status.State), jc.Status.AppliedVersion, ts(c.CompletedAt), ts(jc.Status.AppliedAt), meter, qty, unit,
-			c.SourceEvent, jc.CreationTimestamp.UTC(), shaOf(JobContentHash(jc)), obj, rest, textOrNil(conds)),
+			c.SourceEvent, jc.CreationTimestamp.UTC(), shaOf(JobContentHash(jc)), obj, rest, textOrNil(conds)},
 		readBack: `job_completion_object(t), ` + contentHashColumn + `, false, t.seq`,
 		key:      []string{"version"}, keyValues: []any{c.Version},
 		check: rehash(JobContentHash, jc)}, nil
@@ -297,18 +299,20 @@ func settlementRow(bs *hooksv1alpha1.BillingSettlement) (*row, error) {
 		rest, conds = nil, nil
 	}
 	st := &bs.Status
+	uid, uidUUID := uidColumns(string(bs.UID))
+	bpUID, bpUUID := uidColumns(c.bpUID)
 	return &row{kind: "BillingSettlement", namespace: bs.Namespace, name: bs.Name, table: "settlements",
 		columns: []string{"namespace", "name", "uid", "uid_uuid::uuid", "billing_provider", "settlement_key", "idempotency_key", "type", "reverses",
 			"customer", "job_id", "webhook_provider", "source_event", "usage_meter", "usage_quantity::numeric", "usage_unit", "amount_minor",
 			"amount_currency", "charged_minor", "charged_currency", "state", "exposure", "attempts", "provider_ref", "provider_status",
 			"sent_to_endpoint", "sent_to_provider_uid", "sent_to_provider_uuid::uuid", "dead_lettered", "reconciled", "first_submitted_at", "settled_at",
 			"last_reconciled_at", "created_at", "content_sha", "object", "rest::json", "conditions_compact::json"},
-		values: append(append(append(append([]any{bs.Namespace, bs.Name}, uidColumns(string(bs.UID))...), c.billingProvider, c.settlementKey,
-			c.idempotencyKey, c.typ, c.reverses, c.customer, c.jobID, c.webhookProvider, c.sourceEvent, c.meter, c.qty, c.unit, c.minor,
-			c.currency, c.chargedMinor, c.chargedCurrency, c.state, c.exposure, c.attempts, c.providerRef, c.providerStatus, c.endpoint),
-			uidColumns(c.bpUID)...), condTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered), condTrue(st.Conditions, hooksv1alpha1.ConditionReconciled),
+		values: []any{bs.Namespace, bs.Name, uid, uidUUID, c.billingProvider, c.settlementKey, c.idempotencyKey, c.typ, c.reverses,
+			c.customer, c.jobID, c.webhookProvider, c.sourceEvent, c.meter, c.qty, c.unit, c.minor, c.currency, c.chargedMinor, c.chargedCurrency,
+			c.state, c.exposure, c.attempts, c.providerRef, c.providerStatus, c.endpoint, bpUID, bpUUID,
+			condTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered), condTrue(st.Conditions, hooksv1alpha1.ConditionReconciled),
 			c.firstSubmittedAt, c.settledAt, c.lastReconciledAt, bs.CreationTimestamp.UTC(),
-			shaOf(SettlementContentHash(bs)), obj, textOrNil(rest), textOrNil(conds)),
+			shaOf(SettlementContentHash(bs)), obj, textOrNil(rest), textOrNil(conds)},
 		readBack: `settlement_object(t), ` + contentHashColumn + `, t.object IS NOT NULL, t.seq`,
 		check:    rehash(SettlementContentHash, bs)}, nil
 }
