@@ -1,4 +1,5 @@
--- Rows of about half the size (docs/decisions.md "Archive storage"; docs/archive.md).
+-- Smaller rows: ≈ 3.1 KB per archived event instead of ≈ 4.9 KB, indexes included
+-- (docs/decisions.md "Archive storage"; the row forms: docs/archive.md).
 -- Every statement changes the catalog only: columns are added without a default, NOT
 -- NULL is dropped, constraints are added NOT VALID (checked for new rows, no existing row
 -- read), functions and views are replaced. No row is read or rewritten, so the migration
