@@ -547,7 +547,7 @@ func readArchive(ctx context.Context, conn *pgx.Conn, ns string) (archived, erro
 		return a, err
 	}
 	if a.settlements, err = archivedObjects[hooksv1alpha1.BillingSettlement](ctx, conn,
-		`SELECT object FROM settlements WHERE namespace = $1 ORDER BY name`, ns); err != nil {
+		`SELECT settlement_object(t) FROM settlements t WHERE namespace = $1 ORDER BY name`, ns); err != nil {
 		return a, err
 	}
 	rows, err := conn.Query(ctx, `SELECT name, reconciled FROM settlements WHERE namespace = $1`, ns)

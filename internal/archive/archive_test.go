@@ -250,7 +250,7 @@ func TestMigrateTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	v, err := s.SchemaVersion(context.Background())
-	if err != nil || v != 3 {
+	if err != nil || v != 4 {
 		t.Fatalf("schema version %d %v", v, err)
 	}
 }

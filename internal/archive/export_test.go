@@ -11,3 +11,6 @@ func (s *Store) ExecForTest(ctx context.Context, sql string) error {
 // MigrateToForTest applies the migrations up to version upTo only, to write rows of an
 // earlier schema.
 func (s *Store) MigrateToForTest(ctx context.Context, upTo int) error { return s.migrate(ctx, upTo) }
+
+// ObjectJSONForTest is the record as the archive keeps it (objectJSON).
+func ObjectJSONForTest(obj any, kind string) ([]byte, error) { return objectJSON(obj, kind) }

@@ -75,10 +75,10 @@ func TestRowsOf0001AfterMigration(t *testing.T) {
 	}
 }
 
-// Receipts and job completions written since 0002 store no object: what readers get
-// is built from the row (event_receipt_object, job_completion_object), checked on
-// insert, and is the record as archived; settlements keep theirs without the cluster's
-// bookkeeping; the views show every field kubectl shows.
+// Rows written now store no object: what readers get is built from the row
+// (event_receipt_object, job_completion_object, settlement_object), checked on insert,
+// and is the record as archived without the cluster's bookkeeping; the views show every
+// field kubectl shows.
 func TestRowsOf0002ReadBackWhole(t *testing.T) {
 	ctx := context.Background()
 	s, db := newStoreDB(t)
@@ -150,11 +150,13 @@ func TestRowsOf0002ReadBackWhole(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SELECT object IS NULL FROM event_receipts WHERE name = $1`, ev.Name).Scan(&objectNull); err != nil || !objectNull {
 		t.Fatalf("a new receipt stores no object: %v %v", objectNull, err)
 	}
-	// The stored objects keep what the archive holds nowhere else, and nothing of the
-	// cluster's bookkeeping.
+	// The objects keep what the archive holds nowhere else, and nothing of the cluster's
+	// bookkeeping.
 	var stored []byte
-	if err := conn.QueryRow(ctx, `SELECT object FROM settlements WHERE name = $1`, bs.Name).Scan(&stored); err != nil {
-		t.Fatal(err)
+	var settlementObjectNull bool
+	if err := conn.QueryRow(ctx, `SELECT settlement_object(t), t.object IS NULL FROM settlements t WHERE name = $1`, bs.Name).
+		Scan(&stored, &settlementObjectNull); err != nil || !settlementObjectNull {
+		t.Fatalf("a new settlement stores no object: %v %v", settlementObjectNull, err)
 	}
 	var m struct {
 		Metadata map[string]any `json:"metadata"`

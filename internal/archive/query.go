@@ -127,7 +127,7 @@ func (s *Store) Find(ctx context.Context, namespace, ref string) (Found, error) 
 		r := w.arg(ref)
 		w.and("(settlement_key = " + r + " OR idempotency_key = " + r + " OR name = " + r + " OR job_id = " + r + ")")
 		w.namespace(namespace)
-		rows, err := tx.Query(ctx, `SELECT object, archived_at FROM settlements WHERE `+w.sql()+
+		rows, err := tx.Query(ctx, `SELECT settlement_object(settlements), archived_at FROM settlements WHERE `+w.sql()+
 			` ORDER BY namespace, created_at, name`, w.args...)
 		if err != nil {
 			return fmt.Errorf("find archived settlements: %w", err)
@@ -266,7 +266,7 @@ func (s *Store) ListSettlements(ctx context.Context, f Filter) ([]ArchivedSettle
 	if err := s.ready(); err != nil {
 		return nil, err
 	}
-	q, args, err := f.query(`object, archived_at`)
+	q, args, err := f.query(`settlement_object(settlements), archived_at`)
 	if err != nil {
 		return nil, err
 	}
@@ -307,7 +307,7 @@ type SettlementRow struct {
 const rowColumns = `namespace, name, settlement_key, idempotency_key, type, reverses, customer, job_id,
 	usage_meter, usage_quantity::text, usage_unit, amount_minor, amount_currency, charged_minor, charged_currency,
 	state, exposure, attempts, provider_ref, billing_provider, sent_to_endpoint,
-	first_submitted_at, settled_at, created_at, archived_at, object`
+	first_submitted_at, settled_at, created_at, archived_at, settlement_object(settlements)`
 
 // exportBatch is how many rows ExportSettlements holds at a time.
 const exportBatch = 500

@@ -146,17 +146,19 @@ func (s *Store) ArchiveEvent(ctx context.Context, ev *hooksv1alpha1.WebhookEvent
 
 // eventRow is an event receipt's row.
 func eventRow(ev *hooksv1alpha1.WebhookEvent) (*row, error) {
-	ops, _ := json.Marshal(operationsOf(ev))
+	ops := compactOperations(operationsOf(ev))
 	extra, err := eventSpecExtra(&ev.Spec)
 	if err != nil {
 		return nil, err
 	}
+	uid, uidUUID := uidColumns(string(ev.UID))
+	payload, payloadSHA := payloadColumns(ev.Spec.PayloadHash)
 	return &row{kind: "WebhookEvent", namespace: ev.Namespace, name: ev.Name, table: "event_receipts",
-		columns: []string{"namespace", "name", "uid", "provider", "event_id", "event_type", "payload_hash", "received_at",
-			"phase", "operations", "created_at", "content_hash", "spec_extra"},
-		values: []any{ev.Namespace, ev.Name, string(ev.UID), ev.Spec.Provider, ev.Spec.EventID, ev.Spec.EventType, ev.Spec.PayloadHash,
-			ev.Spec.ReceivedAt.UTC(), string(ev.Status.Phase), ops, ev.CreationTimestamp.UTC(), EventReceiptHash(ev), extra},
-		readBack: `event_receipt_object(t), t.content_hash, t.object IS NOT NULL, t.seq`,
+		columns: []string{"namespace", "name", "uid", "uid_uuid::uuid", "provider", "event_id", "event_type", "payload_hash",
+			"payload_sha", "received_at", "phase", "operations_compact::json", "created_at", "content_sha", "spec_extra"},
+		values: []any{ev.Namespace, ev.Name, uid, uidUUID, ev.Spec.Provider, ev.Spec.EventID, ev.Spec.EventType, payload, payloadSHA,
+			ev.Spec.ReceivedAt.UTC(), string(ev.Status.Phase), string(ops), ev.CreationTimestamp.UTC(), shaOf(EventReceiptHash(ev)), extra},
+		readBack: `event_receipt_object(t), ` + contentHashColumn + `, t.object IS NOT NULL, t.seq`,
 		check: func(stored []byte, legacy bool) (string, string, error) {
 			var got hooksv1alpha1.WebhookEvent
 			if err := json.Unmarshal(stored, &got); err != nil {
@@ -191,8 +193,8 @@ func eventSpecExtra(sp *hooksv1alpha1.WebhookEventSpec) ([]byte, error) {
 }
 
 // ArchiveJobCompletion archives one version of a job's completion. The columns hold
-// its facts and rest the remainder of the object (migration 0002); the row is read back
-// through job_completion_object, the function every later read goes through.
+// its facts and rest the remainder of the object (migrations 0002 and 0004); the row is
+// read back through job_completion_object, the function every later read goes through.
 func (s *Store) ArchiveJobCompletion(ctx context.Context, jc *hooksv1alpha1.JobCompletion) error {
 	r, err := jobRow(jc)
 	if err != nil {
@@ -201,58 +203,45 @@ func (s *Store) ArchiveJobCompletion(ctx context.Context, jc *hooksv1alpha1.JobC
 	return s.insertReadBack(ctx, r)
 }
 
-// jobRow is a job completion version's row.
+// jobRow is a job completion version's row: its columns, and (migration 0004) rest and
+// conditions_compact wherever job_completion_object gives the object back from them
+// exactly; otherwise the whole object.
 func jobRow(jc *hooksv1alpha1.JobCompletion) (*row, error) {
-	rest, err := jobRest(jc)
-	if err != nil {
-		return nil, err
+	// A job applied by its creation has no status written (Progress): it is archived
+	// as every reader sees it, applied, so that its columns, its object and its hash
+	// agree.
+	if jc.AppliedOnCreation() {
+		jc = jc.DeepCopy()
+		jc.Status = jc.Progress()
 	}
-	c, st := jc.Spec.Completion, jc.Progress()
+	c := jc.Spec.Completion
 	var meter, unit *string
 	var qty *string
 	if u := c.Usage; u != nil {
 		meter, unit, qty = &u.Meter, &u.Unit, &u.Quantity
 	}
+	var obj []byte
+	rest, conds, ok := jobRest(jc)
+	if !ok {
+		var err error
+		if obj, err = objectJSON(jc, "JobCompletion"); err != nil {
+			return nil, err
+		}
+		rest, conds = nil, nil
+	} else if string(rest) == "{}" {
+		rest = nil // the columns say everything: NULL, which merges as nothing
+	}
+	uid, uidUUID := uidColumns(string(jc.UID))
 	return &row{kind: "JobCompletion", namespace: jc.Namespace, name: jc.Name, table: "job_completions",
-		columns: []string{"namespace", "name", "uid", "provider", "job_id", "version", "job_state", "state", "applied_version",
+		columns: []string{"namespace", "name", "uid", "uid_uuid::uuid", "provider", "job_id", "version", "job_state", "state", "applied_version",
 			"completed_at", "applied_at", "usage_meter", "usage_quantity::numeric", "usage_unit", "source_event", "created_at",
-			"content_hash", "rest"},
-		values: []any{jc.Namespace, jc.Name, string(jc.UID), jc.Spec.Provider, jc.Spec.JobID, c.Version, string(c.State),
-			string(st.State), st.AppliedVersion, ts(c.CompletedAt), ts(st.AppliedAt), meter, qty, unit,
-			c.SourceEvent, jc.CreationTimestamp.UTC(), JobContentHash(jc), rest},
-		readBack: `job_completion_object(t), t.content_hash, false, t.seq`,
+			"content_sha", "object", "rest", "conditions_compact::json"},
+		values: []any{jc.Namespace, jc.Name, uid, uidUUID, jc.Spec.Provider, jc.Spec.JobID, c.Version, string(c.State),
+			string(jc.Status.State), jc.Status.AppliedVersion, ts(c.CompletedAt), ts(jc.Status.AppliedAt), meter, qty, unit,
+			c.SourceEvent, jc.CreationTimestamp.UTC(), shaOf(JobContentHash(jc)), obj, rest, textOrNil(conds)},
+		readBack: `job_completion_object(t), ` + contentHashColumn + `, false, t.seq`,
 		key:      []string{"version"}, keyValues: []any{c.Version},
 		check: rehash(JobContentHash, jc)}, nil
-}
-
-// jobRest is the part of a job completion's object that has no column: the object
-// (as objectJSON keeps it) without what job_completion_object takes from the columns.
-// The usage stays whole (its quantity exactly as received; usage_quantity is numeric).
-func jobRest(jc *hooksv1alpha1.JobCompletion) ([]byte, error) {
-	m, err := objectMap(jc, "JobCompletion")
-	if err != nil {
-		return nil, err
-	}
-	delete(m, "apiVersion")
-	delete(m, "kind")
-	drop := func(path []string, keys ...string) {
-		cur := m
-		for _, p := range path {
-			next, ok := cur[p].(map[string]any)
-			if !ok {
-				return
-			}
-			cur = next
-		}
-		for _, k := range keys {
-			delete(cur, k)
-		}
-	}
-	drop([]string{"metadata"}, "namespace", "name", "uid", "creationTimestamp")
-	drop([]string{"spec"}, "provider", "jobID")
-	drop([]string{"spec", "completion"}, "version", "state", "completedAt", "sourceEvent")
-	drop([]string{"status"}, "state", "appliedVersion", "appliedAt")
-	return json.Marshal(m)
 }
 
 // ArchiveSettlement archives a settlement.
@@ -264,50 +253,85 @@ func (s *Store) ArchiveSettlement(ctx context.Context, bs *hooksv1alpha1.Billing
 	return s.insertReadBack(ctx, r)
 }
 
-// settlementRow is a settlement's row.
-func settlementRow(bs *hooksv1alpha1.BillingSettlement) (*row, error) {
-	obj, err := objectJSON(bs, "BillingSettlement")
-	if err != nil {
-		return nil, err
-	}
+// settlementColumns are a settlement's column values.
+type settlementColumns struct {
+	billingProvider, settlementKey, idempotencyKey, typ, reverses, customer string
+	jobID, webhookProvider, sourceEvent                                     string
+	meter, unit, qty, currency, chargedCurrency                             *string
+	minor, chargedMinor                                                     *int64
+	state, exposure, providerRef, providerStatus, endpoint, bpUID           string
+	attempts                                                                int32
+	firstSubmittedAt, settledAt, lastReconciledAt                           *time.Time
+}
+
+func settlementColumnsOf(bs *hooksv1alpha1.BillingSettlement) settlementColumns {
 	sp, st := &bs.Spec, &bs.Status
-	var meter, unit, qty, cur, ccur *string
-	var minor, cminor *int64
+	c := settlementColumns{billingProvider: sp.BillingProviderRef, settlementKey: sp.SettlementKey, idempotencyKey: sp.IdempotencyKey,
+		typ: string(sp.Type), reverses: sp.Reverses, customer: sp.Customer, jobID: sp.JobID, webhookProvider: sp.WebhookProvider,
+		sourceEvent: sp.SourceEvent, state: string(st.State), exposure: string(st.Exposure), attempts: st.Attempts,
+		providerRef: st.ProviderRef, providerStatus: st.ProviderStatus,
+		firstSubmittedAt: ts(st.FirstSubmittedAt), settledAt: ts(st.SettledAt), lastReconciledAt: ts(st.LastReconciledAt)}
 	if u := sp.Usage; u != nil {
-		meter, unit, qty = &u.Meter, &u.Unit, &u.Quantity
+		c.meter, c.unit, c.qty = &u.Meter, &u.Unit, &u.Quantity
 	}
 	if a := sp.Amount; a != nil {
-		minor, cur = &a.Minor, &a.Currency
+		c.minor, c.currency = &a.Minor, &a.Currency
 	}
 	if a := st.ChargedAmount; a != nil {
-		cminor, ccur = &a.Minor, &a.Currency
+		c.chargedMinor, c.chargedCurrency = &a.Minor, &a.Currency
 	}
-	var endpoint, bpUID string
 	if t := st.SentTo; t != nil {
-		endpoint, bpUID = t.Endpoint, t.BillingProviderUID
+		c.endpoint, c.bpUID = t.Endpoint, t.BillingProviderUID
 	}
-	typ := string(sp.Type)
-	if typ == "" {
-		typ = string(hooksv1alpha1.SettlementCharge)
+	if c.typ == "" {
+		c.typ = string(hooksv1alpha1.SettlementCharge)
 	}
-	exposure := string(st.Exposure)
-	if exposure == "" {
-		exposure = string(hooksv1alpha1.ExposureNone)
+	if c.exposure == "" {
+		c.exposure = string(hooksv1alpha1.ExposureNone)
 	}
+	return c
+}
+
+// settlementRow is a settlement's row: its columns, and (migration 0004) rest and
+// conditions_compact instead of the object wherever settlement_object gives the object
+// back from them exactly; otherwise the whole object, as before. Either way the row is
+// read back through settlement_object, the function every reader uses.
+func settlementRow(bs *hooksv1alpha1.BillingSettlement) (*row, error) {
+	c := settlementColumnsOf(bs)
+	var obj, rest, conds []byte
+	rest, conds, ok := settlementRest(bs, c)
+	if !ok {
+		var err error
+		if obj, err = objectJSON(bs, "BillingSettlement"); err != nil {
+			return nil, err
+		}
+		rest, conds = nil, nil
+	}
+	st := &bs.Status
+	uid, uidUUID := uidColumns(string(bs.UID))
+	bpUID, bpUUID := uidColumns(c.bpUID)
 	return &row{kind: "BillingSettlement", namespace: bs.Namespace, name: bs.Name, table: "settlements",
-		columns: []string{"namespace", "name", "uid", "billing_provider", "settlement_key", "idempotency_key", "type", "reverses",
+		columns: []string{"namespace", "name", "uid", "uid_uuid::uuid", "billing_provider", "settlement_key", "idempotency_key", "type", "reverses",
 			"customer", "job_id", "webhook_provider", "source_event", "usage_meter", "usage_quantity::numeric", "usage_unit", "amount_minor",
 			"amount_currency", "charged_minor", "charged_currency", "state", "exposure", "attempts", "provider_ref", "provider_status",
-			"sent_to_endpoint", "sent_to_provider_uid", "dead_lettered", "reconciled", "first_submitted_at", "settled_at",
-			"last_reconciled_at", "created_at", "content_hash", "object"},
-		values: []any{bs.Namespace, bs.Name, string(bs.UID), sp.BillingProviderRef, sp.SettlementKey, sp.IdempotencyKey, typ, sp.Reverses,
-			sp.Customer, sp.JobID, sp.WebhookProvider, sp.SourceEvent, meter, qty, unit, minor, cur, cminor, ccur,
-			string(st.State), exposure, st.Attempts, st.ProviderRef, st.ProviderStatus, endpoint, bpUID,
+			"sent_to_endpoint", "sent_to_provider_uid", "sent_to_provider_uuid::uuid", "dead_lettered", "reconciled", "first_submitted_at", "settled_at",
+			"last_reconciled_at", "created_at", "content_sha", "object", "rest::json", "conditions_compact::json"},
+		values: []any{bs.Namespace, bs.Name, uid, uidUUID, c.billingProvider, c.settlementKey, c.idempotencyKey, c.typ, c.reverses,
+			c.customer, c.jobID, c.webhookProvider, c.sourceEvent, c.meter, c.qty, c.unit, c.minor, c.currency, c.chargedMinor, c.chargedCurrency,
+			c.state, c.exposure, c.attempts, c.providerRef, c.providerStatus, c.endpoint, bpUID, bpUUID,
 			condTrue(st.Conditions, hooksv1alpha1.ConditionDeadLettered), condTrue(st.Conditions, hooksv1alpha1.ConditionReconciled),
-			ts(st.FirstSubmittedAt), ts(st.SettledAt), ts(st.LastReconciledAt), bs.CreationTimestamp.UTC(),
-			SettlementContentHash(bs), obj},
-		readBack: `t.object, t.content_hash, false, t.seq`,
+			c.firstSubmittedAt, c.settledAt, c.lastReconciledAt, bs.CreationTimestamp.UTC(),
+			shaOf(SettlementContentHash(bs)), obj, textOrNil(rest), textOrNil(conds)},
+		readBack: `settlement_object(t), ` + contentHashColumn + `, t.object IS NOT NULL, t.seq`,
 		check:    rehash(SettlementContentHash, bs)}, nil
+}
+
+// textOrNil passes JSON for a json column as text (nil: NULL).
+func textOrNil(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return string(b)
 }
 
 // EventReceipt is an archived event's identity and outcome.
@@ -324,7 +348,8 @@ func (s *Store) Event(ctx context.Context, namespace, provider, eventID string) 
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var e EventReceipt
-	err := s.pool.QueryRow(ctx, `SELECT namespace, name, uid, provider, event_id, event_type, payload_hash, phase, received_at, archived_at
+	err := s.pool.QueryRow(ctx, `SELECT namespace, name, coalesce(uid, uid_uuid::text), provider, event_id, event_type,
+		coalesce(payload_hash, 'sha256:' || encode(payload_sha, 'hex')), phase, received_at, archived_at
 		FROM event_receipts WHERE namespace = $1 AND provider = $2 AND event_id = $3`, namespace, provider, eventID).
 		Scan(&e.Namespace, &e.Name, &e.UID, &e.Provider, &e.EventID, &e.EventType, &e.PayloadHash, &e.Phase, &e.ReceivedAt, &e.ArchivedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -377,7 +402,7 @@ func (s *Store) oneSettlement(ctx context.Context, where string, args ...any) (*
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	var raw []byte
-	err := s.pool.QueryRow(ctx, `SELECT object FROM settlements WHERE `+where, args...).Scan(&raw)
+	err := s.pool.QueryRow(ctx, `SELECT settlement_object(t) FROM settlements t WHERE `+where, args...).Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -398,7 +423,7 @@ func (s *Store) Reversing(ctx context.Context, namespace, name string) ([]hooksv
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	rows, err := s.pool.Query(ctx, `SELECT object FROM settlements WHERE namespace = $1 AND reverses = $2`, namespace, name)
+	rows, err := s.pool.Query(ctx, `SELECT settlement_object(t) FROM settlements t WHERE namespace = $1 AND reverses = $2`, namespace, name)
 	if err != nil {
 		return nil, fmt.Errorf("list archived compensations: %w", err)
 	}
@@ -480,7 +505,7 @@ func (s *Store) SettlementsByIdempotencyKey(ctx context.Context, namespace strin
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	rows, err := s.pool.Query(ctx, `SELECT object FROM settlements WHERE namespace = $1 AND idempotency_key = ANY($2)`, namespace, keys)
+	rows, err := s.pool.Query(ctx, `SELECT settlement_object(t) FROM settlements t WHERE namespace = $1 AND idempotency_key = ANY($2)`, namespace, keys)
 	if err != nil {
 		return nil, fmt.Errorf("look up archived settlements: %w", err)
 	}
@@ -555,17 +580,20 @@ func (s *Store) SettledUsage(ctx context.Context, namespace, billingProvider str
 	defer cancel()
 	// A usage charge dated at its usage time (status.usageDatedAt) is in Stripe's totals
 	// at that time, which may be before its first attempt.
-	rows, err := s.pool.Query(ctx, `SELECT s.name, s.uid, s.customer, s.usage_meter, s.usage_quantity::text,
-			LEAST(COALESCE(s.first_submitted_at, s.created_at), COALESCE((s.object->'status'->>'usageDatedAt')::timestamptz, 'infinity')),
+	// status.usageDatedAt has no column: it is in the object (rows before migration
+	// 0004) or in rest.
+	rows, err := s.pool.Query(ctx, `SELECT s.name, coalesce(s.uid, s.uid_uuid::text), s.customer, s.usage_meter, s.usage_quantity::text,
+			LEAST(COALESCE(s.first_submitted_at, s.created_at), COALESCE((COALESCE(s.object->'status'->>'usageDatedAt',
+				s.rest->'status'->>'usageDatedAt'))::timestamptz, 'infinity')),
 			s.settled_at,
 			EXISTS (SELECT 1 FROM settlements r WHERE r.namespace = s.namespace AND r.reverses <> '' AND r.reverses = s.name
 				AND r.exposure <> 'None' AND (r.type = 'Void' OR (r.type = 'Refund' AND r.amount_minor IS NULL))),
-			COALESCE(s.object->'status'->'sentTo', '{}'::jsonb)
+			COALESCE(settlement_object(s)->'status'->'sentTo', '{}'::jsonb)
 		FROM settlements s
 		WHERE s.archived_at >= $3::timestamptz - interval '1 hour' AND s.namespace = $1 AND s.billing_provider = $2
 			AND s.type = 'Charge' AND s.usage_meter IS NOT NULL AND s.usage_quantity IS NOT NULL AND s.state = 'Settled'
 			AND s.settled_at >= $3 AND LEAST(COALESCE(s.first_submitted_at, s.created_at),
-				COALESCE((s.object->'status'->>'usageDatedAt')::timestamptz, 'infinity')) < $4
+				COALESCE((COALESCE(s.object->'status'->>'usageDatedAt', s.rest->'status'->>'usageDatedAt'))::timestamptz, 'infinity')) < $4
 		ORDER BY s.name`, namespace, billingProvider, since.UTC(), until.UTC())
 	if err != nil {
 		return fmt.Errorf("list archived usage: %w", err)
