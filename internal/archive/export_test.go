@@ -11,3 +11,8 @@ func (s *Store) ExecForTest(ctx context.Context, sql string) error {
 // MigrateToForTest applies the migrations up to version upTo only, to write rows of an
 // earlier schema.
 func (s *Store) MigrateToForTest(ctx context.Context, upTo int) error { return s.migrate(ctx, upTo) }
+
+// QueryRowForTest reads one value directly.
+func (s *Store) QueryRowForTest(ctx context.Context, sql string, dest any) error {
+	return s.pool.QueryRow(ctx, sql).Scan(dest)
+}
