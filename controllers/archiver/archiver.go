@@ -42,8 +42,10 @@ const DefaultAfter = time.Hour
 
 // Reconciler moves finished records from the cluster into the archive (docs/design.md
 // §12): after After has passed since a record finished, it is inserted (idempotently),
-// read back and compared, and only then deleted, with UID and resourceVersion
-// preconditions so that exactly the archived version goes. A crash between any two
+// read back and compared, with the other records of its batch (batch.go), and only
+// then deleted, with UID and resourceVersion preconditions so that exactly the
+// archived version goes; an archived settlement's protection finalizer is removed by
+// the archiver itself first (releaseProtection). A crash between any two
 // steps loses nothing (the object is still there) and duplicates nothing (the insert
 // of the same content is a no-op). What is not finished — dead-lettered, in need of
 // reconciliation, quarantined, in flight — stays until a human or the operator
