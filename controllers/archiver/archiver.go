@@ -70,9 +70,10 @@ type Reconciler struct {
 	BatchLinger time.Duration
 
 	batch *batcher
-	// crash, when set, is called at each moment of a batch the kill -9 test ends the
-	// archiving process at (batcher.crash); nil in production.
-	crash func(crashPoint)
+	// at, when set, is called at each moment an archival is interrupted by the tests
+	// (a kill -9 of the archiving process, a concurrent write), with the record when
+	// there is one; nil in production.
+	at func(moment, client.Object)
 }
 
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents,verbs=get;list;watch;delete
@@ -305,6 +306,9 @@ func (a *Reconciler) archiveOne(kind string, newObj func() client.Object, record
 			if err != nil || !released {
 				return ctrl.Result{}, err // changed since it was archived: its change brings it back
 			}
+			if a.at != nil {
+				a.at(momentReleased, bs)
+			}
 		}
 		uid, rv := obj.GetUID(), obj.GetResourceVersion()
 		err = a.Delete(ctx, obj, client.Preconditions{UID: &uid, ResourceVersion: &rv})
@@ -374,7 +378,7 @@ func releasedProtection(old, new client.Object) bool {
 // share.
 func (a *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	a.batch = newBatcher(a.Archive, a.Watermark.Cover, a.BatchSize, a.BatchLinger)
-	a.batch.crash = a.crash
+	a.batch.at = a.at
 	if err := mgr.Add(a.batch); err != nil {
 		return err
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
 )
@@ -28,16 +30,19 @@ const (
 	DefaultBatchLinger = 100 * time.Millisecond
 )
 
-// crashPoint names a moment of a batch's life, for the test that kills the archiving
-// process there (batcher.crash).
-type crashPoint string
+// moment names a point of an archival the tests interrupt there (Reconciler.at): a
+// kill -9 of the archiving process, a concurrent write.
+type moment string
 
 const (
-	// crashReadBack: every row of the batch is inserted and read back, the watermark
-	// not yet moved.
-	crashReadBack crashPoint = "read back"
-	// crashCovered: the watermark covers the batch, no record is deleted yet.
-	crashCovered crashPoint = "covered"
+	// momentReadBack: every row of a batch is inserted and read back, the watermark not
+	// yet moved.
+	momentReadBack moment = "read back"
+	// momentCovered: the watermark covers the batch, no record of it is deleted yet.
+	momentCovered moment = "covered"
+	// momentReleased: an archived settlement's protection finalizer is removed, its
+	// DELETE not sent yet.
+	momentReleased moment = "released"
 )
 
 // archived is what a reconcile learns of its record's archival: err is the archive's
@@ -63,9 +68,8 @@ type batcher struct {
 	size   int
 	linger time.Duration
 	in     chan pending
-	// crash, when set, is called at each crashPoint (the kill -9 test ends the process
-	// there); nil in production.
-	crash func(crashPoint)
+	// at, when set, is called at each moment (Reconciler.at); nil in production.
+	at func(moment, client.Object)
 }
 
 func newBatcher(store *archive.Store, cover func(context.Context) error, size int, linger time.Duration) *batcher {
@@ -120,7 +124,7 @@ func (b *batcher) flush(ctx context.Context, batch []pending) {
 		recs[i] = p.rec
 	}
 	errs := b.store.ArchiveBatch(ctx, recs)
-	b.crashAt(crashReadBack)
+	b.reach(momentReadBack)
 	var notCovered error
 	for _, err := range errs {
 		if err == nil {
@@ -132,7 +136,7 @@ func (b *batcher) flush(ctx context.Context, batch []pending) {
 			break
 		}
 	}
-	b.crashAt(crashCovered)
+	b.reach(momentCovered)
 	for i, p := range batch {
 		out := archived{err: errs[i]}
 		if out.err == nil {
@@ -142,9 +146,9 @@ func (b *batcher) flush(ctx context.Context, batch []pending) {
 	}
 }
 
-func (b *batcher) crashAt(p crashPoint) {
-	if b.crash != nil {
-		b.crash(p)
+func (b *batcher) reach(m moment) {
+	if b.at != nil {
+		b.at(m, nil)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -35,7 +36,7 @@ import (
 // childEnv set to the crash point ("none": archive everything and run until stopped)
 // and the places below in its environment. It runs the archiver alone, as the leader
 // would, and, at the crash point of its first batch, kills itself with SIGKILL: a real
-// kill -9 of a real process, at a moment chosen by a hook (Reconciler.crash) rather
+// kill -9 of a real process, at a moment chosen by a hook (Reconciler.at) rather
 // than by luck.
 const (
 	childEnv           = "ARCHIVER_TEST_CHILD"
@@ -85,8 +86,8 @@ func runChild() int {
 	r := &Reconciler{Client: m.GetClient(), Archive: store, Watermark: keeper, After: time.Nanosecond,
 		Recorder: m.GetEventRecorder(ControllerName), BatchSize: childBatch}
 	if point := os.Getenv(childEnv); point != "none" {
-		r.crash = func(p crashPoint) {
-			if string(p) == point {
+		r.at = func(m moment, _ client.Object) {
+			if string(m) == point {
 				fmt.Fprintln(os.Stderr, "archiving process: kill -9 at", point)
 				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 				select {} // the signal is on its way
@@ -219,13 +220,14 @@ func readWatermark(ctx context.Context, opNS string) archive.Mark {
 
 // A kill -9 of the archiving process in the middle of a batch — once every row of the
 // batch is inserted and read back but the watermark not moved, once the watermark
-// covers the batch but nothing is deleted — loses and duplicates nothing: the process
+// covers the batch but nothing is deleted, once a settlement's protection finalizer is
+// removed but its DELETE not sent — loses and duplicates nothing: the process
 // started again archives every record (the rows already there are found and read back,
 // not inserted twice), each is in PostgreSQL exactly once and reads back as what the
 // cluster held, and each left the cluster only once its row was there and the
 // watermark covered it.
 func TestKillDuringBatch(t *testing.T) {
-	for _, point := range []crashPoint{crashReadBack, crashCovered} {
+	for _, point := range []moment{momentReadBack, momentCovered, momentReleased} {
 		t.Run(strings.ReplaceAll(string(point), " ", "-"), func(t *testing.T) {
 			ctx := context.Background()
 			const n = 40
@@ -266,34 +268,62 @@ func TestKillDuringBatch(t *testing.T) {
 				t.Fatalf("the archiving process ended with %v, want killed by SIGKILL at %q", first.cmd.ProcessState, point)
 			}
 			inserted, maxSeq := rows()
-			if inserted == 0 || inserted > childBatch {
-				t.Fatalf("%d rows in the archive after the kill: want the first batch's (1 to %d)", inserted, childBatch)
-			}
-			for _, l := range []client.ObjectList{&hooksv1alpha1.WebhookEventList{}, &hooksv1alpha1.JobCompletionList{}, &hooksv1alpha1.BillingSettlementList{}} {
-				if err := k8s.List(ctx, l, client.InNamespace(ns)); err != nil {
-					t.Fatal(err)
-				}
-				for _, o := range mustItems(l) {
-					if !o.GetDeletionTimestamp().IsZero() {
-						t.Errorf("%s is being deleted after the kill", o.GetName())
-					}
-				}
-				if got := len(mustItems(l)); got != n {
-					t.Fatalf("%T: %d records in the cluster after the kill, want all %d", l, got, n)
-				}
+			if inserted == 0 {
+				t.Fatal("no row in the archive after the kill")
 			}
 			m := readWatermark(ctx, opNS)
 			switch point {
-			case crashReadBack:
-				if !m.IsZero() {
+			case momentReadBack, momentCovered:
+				// Nothing of the first batch, and so nothing at all, was deleted.
+				if inserted > childBatch {
+					t.Fatalf("%d rows in the archive after the kill: want the first batch's (1 to %d)", inserted, childBatch)
+				}
+				for _, l := range []client.ObjectList{&hooksv1alpha1.WebhookEventList{}, &hooksv1alpha1.JobCompletionList{}, &hooksv1alpha1.BillingSettlementList{}} {
+					if err := k8s.List(ctx, l, client.InNamespace(ns)); err != nil {
+						t.Fatal(err)
+					}
+					for _, o := range mustItems(l) {
+						if !o.GetDeletionTimestamp().IsZero() {
+							t.Errorf("%s is being deleted after the kill", o.GetName())
+						}
+					}
+					if got := len(mustItems(l)); got != n {
+						t.Fatalf("%T: %d records in the cluster after the kill, want all %d", l, got, n)
+					}
+				}
+				if point == momentReadBack && !m.IsZero() {
 					t.Fatalf("the watermark moved (%s) before the kill that preceded its write", m)
 				}
-			case crashCovered:
-				if m.Seq != maxSeq {
+				if point == momentCovered && m.Seq != maxSeq {
 					t.Fatalf("the watermark is at %s, want the batch's last row (seq %d)", m, maxSeq)
 				}
+			case momentReleased:
+				// Other records of the batch may be gone already (their deletes run
+				// concurrently; the deletion watch checks each); the settlement the kill
+				// caught is archived, covered, unprotected and still there.
+				var l hooksv1alpha1.BillingSettlementList
+				if err := k8s.List(ctx, &l, client.InNamespace(ns)); err != nil {
+					t.Fatal(err)
+				}
+				released := 0
+				for _, bs := range l.Items {
+					if controllerutil.ContainsFinalizer(&bs, hooksv1alpha1.FinalizerSettlementProtection) {
+						continue
+					}
+					released++
+					var seq int64
+					if err := db.QueryRow(ctx, `SELECT seq FROM settlements WHERE namespace = $1 AND name = $2`, ns, bs.Name).Scan(&seq); err != nil {
+						t.Fatalf("settlement %s lost its finalizer without its row in the archive: %v", bs.Name, err)
+					}
+					if seq > m.Seq {
+						t.Fatalf("settlement %s lost its finalizer while the watermark (%s) did not cover its row (seq %d)", bs.Name, m, seq)
+					}
+				}
+				if released == 0 {
+					t.Fatal("no settlement without its finalizer after a kill between its release and its DELETE")
+				}
 			}
-			t.Logf("killed -9 at %q: %d rows inserted and read back, all %d records still in the cluster, watermark %s", point, inserted, 3*n, m)
+			t.Logf("killed -9 at %q: %d rows inserted and read back, %d of %d records deleted, watermark %s", point, inserted, deletions.count(), 3*n, m)
 
 			second := startArchiving(t, "none", kubeconfig, url, ns, opNS)
 			eventually(t, 2*time.Minute, "the process started again archives every record", func() (bool, error) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	corev1 "k8s.io/api/core/v1"
@@ -238,5 +240,77 @@ func assertArchived(t *testing.T, store *archive.Store, obj client.Object) {
 		} else if got.DeletionTimestamp != nil {
 			t.Errorf("settlement %s was archived on its way out, not before its deletion", o.Name)
 		}
+	}
+}
+
+// The settlement controller puts the protection finalizer back on any settlement it
+// sees without one. Should it do so between the archiver's release and its DELETE
+// (here with the settlement controller's own patch, at that moment every time, the
+// first time for each settlement), the DELETE is refused, and the settlement is
+// archived again (a no-op), released again and deleted: gone from the cluster, in the
+// archive once, nothing written to its status.
+func TestReleaseRacedByTheFinalizerComingBack(t *testing.T) {
+	ctx := context.Background()
+	const n = 10
+	ns := newNamespace(t, "race")
+	_, store, _ := newDatabase(t)
+	_, _, bss := finishedRecords(t, ns, n)
+	keeper, _ := newWatermark(t, store, k8s)
+	var mu sync.Mutex
+	released := map[string]int{}
+	am := newManager(t, ns)
+	r := &Reconciler{Client: am.GetClient(), Archive: store, Watermark: keeper, After: time.Nanosecond,
+		Recorder: am.GetEventRecorder(ControllerName)}
+	r.at = func(m moment, obj client.Object) {
+		if m != momentReleased {
+			return
+		}
+		mu.Lock()
+		released[obj.GetName()]++
+		first := released[obj.GetName()] == 1
+		mu.Unlock()
+		if !first {
+			return
+		}
+		var bs hooksv1alpha1.BillingSettlement
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), &bs); err != nil {
+			t.Errorf("get %s: %v", obj.GetName(), err)
+			return
+		}
+		patch := client.MergeFrom(bs.DeepCopy())
+		controllerutil.AddFinalizer(&bs, hooksv1alpha1.FinalizerSettlementProtection)
+		if err := k8s.Patch(ctx, &bs, patch); err != nil {
+			t.Errorf("put the finalizer back on %s: %v", obj.GetName(), err)
+		}
+	}
+	if err := r.SetupWithManager(am); err != nil {
+		t.Fatal(err)
+	}
+	before := apiWrites(t)
+	start(t, am)
+	eventually(t, 2*time.Minute, "every settlement archived and gone", func() (bool, error) {
+		var l hooksv1alpha1.BillingSettlementList
+		if err := k8s.List(ctx, &l, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+		return len(l.Items) == 0, fmt.Errorf("%d left", len(l.Items))
+	})
+	for _, bs := range bss {
+		assertArchived(t, store, bs)
+	}
+	writes := since(apiWrites(t), before)
+	t.Logf("writes: %v", writes)
+	mu.Lock()
+	defer mu.Unlock()
+	for _, bs := range bss {
+		if released[bs.Name] != 2 {
+			t.Errorf("%s released %d times, want twice (the first DELETE refused)", bs.Name, released[bs.Name])
+		}
+	}
+	if got := writes["billingsettlements DELETE refused"]; got != n {
+		t.Errorf("%g DELETEs refused, want %d (one per settlement whose finalizer came back)", got, n)
+	}
+	if got := writes["billingsettlements/status PATCH"]; got != 0 {
+		t.Errorf("%g status writes, want none", got)
 	}
 }
