@@ -302,11 +302,12 @@ func (a *Reconciler) archiveOne(kind string, newObj func() client.Object, record
 			return ctrl.Result{RequeueAfter: archivelookup.RetryInterval}, nil
 		}
 		if bs, ok := obj.(*hooksv1alpha1.BillingSettlement); ok {
+			protected := controllerutil.ContainsFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection)
 			released, err := a.releaseProtection(ctx, bs)
 			if err != nil || !released {
 				return ctrl.Result{}, err // changed since it was archived: its change brings it back
 			}
-			if a.at != nil {
+			if protected && a.at != nil {
 				a.at(momentReleased, bs)
 			}
 		}

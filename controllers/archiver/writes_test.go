@@ -247,8 +247,8 @@ func assertArchived(t *testing.T, store *archive.Store, obj client.Object) {
 // sees without one. Should it do so between the archiver's release and its DELETE
 // (here with the settlement controller's own patch, at that moment every time, the
 // first time for each settlement), the DELETE is refused, and the settlement is
-// archived again (a no-op), released again and deleted: gone from the cluster, in the
-// archive once, nothing written to its status.
+// archived again (a no-op), its finalizer removed again and deleted: gone from the
+// cluster, in the archive once, nothing written to its status.
 func TestReleaseRacedByTheFinalizerComingBack(t *testing.T) {
 	ctx := context.Background()
 	const n = 10
@@ -304,11 +304,13 @@ func TestReleaseRacedByTheFinalizerComingBack(t *testing.T) {
 	defer mu.Unlock()
 	for _, bs := range bss {
 		if released[bs.Name] != 2 {
-			t.Errorf("%s released %d times, want twice (the first DELETE refused)", bs.Name, released[bs.Name])
+			t.Errorf("%s's finalizer removed %d times, want twice (once more after it came back)", bs.Name, released[bs.Name])
 		}
 	}
-	if got := writes["billingsettlements DELETE refused"]; got != n {
-		t.Errorf("%g DELETEs refused, want %d (one per settlement whose finalizer came back)", got, n)
+	// At least one per settlement whose finalizer came back; one more when the
+	// reconcile that follows still reads the released version from its cache.
+	if got := writes["billingsettlements DELETE refused"]; got < n {
+		t.Errorf("%g DELETEs refused, want at least %d (one per settlement whose finalizer came back)", got, n)
 	}
 	if got := writes["billingsettlements/status PATCH"]; got != 0 {
 		t.Errorf("%g status writes, want none", got)
