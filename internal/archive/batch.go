@@ -72,6 +72,10 @@ func (s *Store) ArchiveBatch(ctx context.Context, recs []Record) []error {
 			errs[i] = rec.err
 			continue
 		}
+		if rec.row == nil {
+			errs[i] = errors.New("archive: a Record not made by EventRecord, JobRecord or SettlementRecord")
+			continue
+		}
 		sig := rec.row.table + "(" + strings.Join(rec.row.columns, ",") + ")"
 		if _, ok := groups[sig]; !ok {
 			order = append(order, sig)
