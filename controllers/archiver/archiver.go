@@ -3,6 +3,7 @@ package archiver
 import (
 	"context"
 	"fmt"
+	"maps"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -40,8 +42,10 @@ const DefaultAfter = time.Hour
 
 // Reconciler moves finished records from the cluster into the archive (docs/design.md
 // §12): after After has passed since a record finished, it is inserted (idempotently),
-// read back and compared, and only then deleted, with UID and resourceVersion
-// preconditions so that exactly the archived version goes. A crash between any two
+// read back and compared, with the other records of its batch (batch.go), and only
+// then deleted, with UID and resourceVersion preconditions so that exactly the
+// archived version goes; an archived settlement's protection finalizer is removed by
+// the archiver itself first (releaseProtection). A crash between any two
 // steps loses nothing (the object is still there) and duplicates nothing (the insert
 // of the same content is a no-op). What is not finished — dead-lettered, in need of
 // reconciliation, quarantined, in flight — stays until a human or the operator
@@ -57,13 +61,24 @@ type Reconciler struct {
 	After time.Duration
 	// Now is the clock (time.Now).
 	Now func() time.Time
-	// MaxConcurrentReconciles per kind (1).
+	// MaxConcurrentReconciles per kind: at least the batch size (batch.go), so that
+	// one kind alone can fill a batch.
 	MaxConcurrentReconciles int
+	// BatchSize and BatchLinger: a batch flushes once it holds BatchSize records, or
+	// BatchLinger after its first (DefaultBatchSize, DefaultBatchLinger when zero).
+	BatchSize   int
+	BatchLinger time.Duration
+
+	batch *batcher
+	// at, when set, is called at each moment an archival is interrupted by the tests
+	// (a kill -9 of the archiving process, a concurrent write), with the record when
+	// there is one; nil in production.
+	at func(moment, client.Object)
 }
 
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=jobcompletions,verbs=get;list;watch;delete
-// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingsettlements,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingsettlements,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=reconciliationreports,verbs=get;list;watch
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingproviders,verbs=get;list;watch
 
@@ -246,8 +261,9 @@ func (a *Reconciler) settlementHeld(ctx context.Context, obj client.Object) (str
 	return "", nil
 }
 
-// archiveOne is one kind's reconcile.
-func (a *Reconciler) archiveOne(kind string, newObj func() client.Object, insert func(context.Context, client.Object) error,
+// archiveOne is one kind's reconcile: once its record is ready it waits for its
+// batch (batch.go) to archive, read back and cover it, then deletes it.
+func (a *Reconciler) archiveOne(kind string, newObj func() client.Object, record func(client.Object) archive.Record,
 	hold held) reconcile.Func {
 	return func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 		obj := newObj()
@@ -277,7 +293,8 @@ func (a *Reconciler) archiveOne(kind string, newObj func() client.Object, insert
 				return ctrl.Result{RequeueAfter: a.after()}, nil
 			}
 		}
-		err := insert(ctx, obj)
+		out := a.batch.archive(ctx, record(obj))
+		err := out.err
 		metrics.NoteArchive(kind, err)
 		if archive.IsConflict(err) {
 			a.Recorder.Eventf(obj, nil, corev1.EventTypeWarning, hooksv1alpha1.ReasonArchiveConflict, "Archive",
@@ -289,11 +306,19 @@ func (a *Reconciler) archiveOne(kind string, newObj func() client.Object, insert
 			log.FromContext(ctx).Info("archive unavailable; the record stays in the cluster", "kind", kind, "error", err.Error())
 			return ctrl.Result{RequeueAfter: archivelookup.RetryInterval}, nil
 		}
-		// The watermark covers it before it leaves: an archive that later lacks it is
-		// found behind, never taken for one that never had it.
-		if err := a.Watermark.Cover(ctx); err != nil {
-			log.FromContext(ctx).Info("archive watermark not written; the record stays in the cluster", "kind", kind, "error", err.Error())
+		if out.notCovered != nil {
+			log.FromContext(ctx).Info("archive watermark not written; the record stays in the cluster", "kind", kind, "error", out.notCovered.Error())
 			return ctrl.Result{RequeueAfter: archivelookup.RetryInterval}, nil
+		}
+		if bs, ok := obj.(*hooksv1alpha1.BillingSettlement); ok {
+			protected := controllerutil.ContainsFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection)
+			released, err := a.releaseProtection(ctx, bs)
+			if err != nil || !released {
+				return ctrl.Result{}, err // changed since it was archived: its change brings it back
+			}
+			if protected && a.at != nil {
+				a.at(momentReleased, bs)
+			}
 		}
 		uid, rv := obj.GetUID(), obj.GetResourceVersion()
 		err = a.Delete(ctx, obj, client.Preconditions{UID: &uid, ResourceVersion: &rv})
@@ -312,38 +337,81 @@ func (a *Reconciler) archiveOne(kind string, newObj func() client.Object, insert
 	}
 }
 
-// finishedPredicate passes only records that are finished (and not on their way out).
-var finishedPredicate = predicate.NewPredicateFuncs(func(obj client.Object) bool {
+// releaseProtection removes the protection finalizer of a settlement the archiver has
+// archived, read back and covered, from exactly that version (the patch carries its
+// resourceVersion), so that the DELETE that follows removes it at once: nothing is
+// left for the settlement controller's deletion path, which would archive it again
+// and write its status only to let it go. A settlement changed since it was read is
+// left as it is (false): the change brings it back to its reconciles. The DELETE then
+// names the version this patch wrote; should anything change the settlement in
+// between — the settlement controller putting the finalizer back on a settlement it
+// sees without one, a replay — the DELETE is refused and the settlement comes back
+// here. Unprotected for that moment, it is already archived and covered: a deletion
+// by anyone else then (its namespace's) loses nothing.
+func (a *Reconciler) releaseProtection(ctx context.Context, bs *hooksv1alpha1.BillingSettlement) (bool, error) {
+	if !controllerutil.ContainsFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection) {
+		return true, nil
+	}
+	patch := client.MergeFromWithOptions(bs.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	controllerutil.RemoveFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection)
+	err := a.Patch(ctx, bs, patch)
+	switch {
+	case apierrors.IsConflict(err), apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("release the protection of archived billingsettlement %s/%s: %w", bs.Namespace, bs.Name, err)
+	}
+	return true, nil
+}
+
+// finishedPredicate passes only records that are finished (and not on their way out),
+// but not the archiver's own release of a settlement's protection finalizer: the
+// DELETE that follows it is already on its way, and a reconcile of the change would
+// archive the settlement again only to find it gone. (Should that DELETE be refused,
+// the reconcile that sent it asks for the settlement again itself; after a restart
+// in between, the initial list brings it back.)
+var finishedPredicate = predicate.And(predicate.NewPredicateFuncs(func(obj client.Object) bool {
 	done, _ := finished(obj)
 	return done && obj.GetDeletionTimestamp().IsZero()
-})
+}), predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+	return !releasedProtection(e.ObjectOld, e.ObjectNew)
+}})
 
-// SetupWithManager registers one controller per archived kind.
+// releasedProtection reports an update that only took the protection finalizer off.
+func releasedProtection(old, new client.Object) bool {
+	return controllerutil.ContainsFinalizer(old, hooksv1alpha1.FinalizerSettlementProtection) &&
+		!controllerutil.ContainsFinalizer(new, hooksv1alpha1.FinalizerSettlementProtection) &&
+		old.GetGeneration() == new.GetGeneration() && maps.Equal(old.GetAnnotations(), new.GetAnnotations())
+}
+
+// SetupWithManager registers one controller per archived kind, and the batcher they
+// share.
 func (a *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	a.batch = newBatcher(a.Archive, a.Watermark.Cover, a.BatchSize, a.BatchLinger)
+	a.batch.at = a.at
+	if err := mgr.Add(a.batch); err != nil {
+		return err
+	}
 	kinds := []struct {
 		name   string
 		obj    func() client.Object
-		insert func(context.Context, client.Object) error
+		record func(client.Object) archive.Record
 		hold   held
 	}{
 		{"WebhookEvent", func() client.Object { return &hooksv1alpha1.WebhookEvent{} },
-			func(ctx context.Context, o client.Object) error {
-				return a.Archive.ArchiveEvent(ctx, o.(*hooksv1alpha1.WebhookEvent))
-			}, nil},
+			func(o client.Object) archive.Record { return archive.EventRecord(o.(*hooksv1alpha1.WebhookEvent)) }, nil},
 		{"JobCompletion", func() client.Object { return &hooksv1alpha1.JobCompletion{} },
-			func(ctx context.Context, o client.Object) error {
-				return a.Archive.ArchiveJobCompletion(ctx, o.(*hooksv1alpha1.JobCompletion))
-			}, a.jobHeld},
+			func(o client.Object) archive.Record { return archive.JobRecord(o.(*hooksv1alpha1.JobCompletion)) }, a.jobHeld},
 		{"BillingSettlement", func() client.Object { return &hooksv1alpha1.BillingSettlement{} },
-			func(ctx context.Context, o client.Object) error {
-				return a.Archive.ArchiveSettlement(ctx, o.(*hooksv1alpha1.BillingSettlement))
+			func(o client.Object) archive.Record {
+				return archive.SettlementRecord(o.(*hooksv1alpha1.BillingSettlement))
 			}, a.settlementHeld},
 	}
 	for _, k := range kinds {
 		b := ctrl.NewControllerManagedBy(mgr).
 			Named(ControllerName+"-"+lower(k.name)).
 			For(k.obj(), builder.WithPredicates(finishedPredicate)).
-			WithOptions(controller.Options{MaxConcurrentReconciles: max(a.MaxConcurrentReconciles, 1)})
+			WithOptions(controller.Options{MaxConcurrentReconciles: a.workers()})
 		if k.name == "JobCompletion" {
 			// A job waits for its charge to leave: its leaving lets the job go.
 			b = b.Watches(&hooksv1alpha1.BillingSettlement{}, handler.EnqueueRequestsFromMapFunc(
@@ -367,11 +435,21 @@ func (a *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 				return err
 			}
 		}
-		if err := b.Complete(a.archiveOne(k.name, k.obj, k.insert, k.hold)); err != nil {
+		if err := b.Complete(a.archiveOne(k.name, k.obj, k.record, k.hold)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// workers is each kind's number of reconciles at once: enough for one kind alone to
+// fill a batch (a reconcile waits for its batch), and at least MaxConcurrentReconciles.
+func (a *Reconciler) workers() int {
+	size := a.BatchSize
+	if size <= 0 {
+		size = DefaultBatchSize
+	}
+	return max(a.MaxConcurrentReconciles, size)
 }
 
 func lower(s string) string {

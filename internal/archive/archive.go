@@ -389,19 +389,40 @@ func (s *Store) insertReadBack(ctx context.Context, r *row) error {
 		}
 		return fmt.Errorf("archive %s %s/%s: %w", kind, ns, name, err)
 	}
-	var stored []byte
-	var storedHash string
-	var legacy bool
-	var seq *int64
+	var rb readBackRow
 	readBack, readArgs := r.readBackSQL()
-	err := s.pool.QueryRow(ctx, readBack, readArgs...).Scan(&stored, &storedHash, &legacy, &seq)
+	err := s.pool.QueryRow(ctx, readBack, readArgs...).Scan(&rb.stored, &rb.storedHash, &rb.legacy, &rb.seq)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return &ConflictError{Kind: kind, Namespace: ns, Name: name,
-			Detail: "another archived record holds one of its unique keys (event ID, job version, settlement or idempotency key)"}
+		return r.missing()
 	}
 	if err != nil {
 		return fmt.Errorf("read back %s %s/%s: %w", kind, ns, name, err)
 	}
+	return s.verify(r, rb)
+}
+
+// readBackRow is what a read-back selects: the object as readers get it, its stored
+// content hash, whether the row is of 0001's form, and its seq (NULL before 0003).
+type readBackRow struct {
+	stored     []byte
+	storedHash string
+	legacy     bool
+	seq        *int64
+}
+
+// missing is the record's error when no row is under its own name (and key) after
+// its insert: another record holds one of its keys.
+func (r *row) missing() error {
+	return &ConflictError{Kind: r.kind, Namespace: r.namespace, Name: r.name,
+		Detail: "another archived record holds one of its unique keys (event ID, job version, settlement or idempotency key)"}
+}
+
+// verify compares the row read back under the record's name with the record (the
+// single and the batched path alike) and, when they match, notes its seq for the
+// watermark (LastReadBack).
+func (s *Store) verify(r *row, rb readBackRow) error {
+	kind, ns, name := r.kind, r.namespace, r.name
+	stored, storedHash, legacy, seq := rb.stored, rb.storedHash, rb.legacy, rb.seq
 	got, want, err := r.check(stored, legacy)
 	if err != nil {
 		return fmt.Errorf("read back %s %s/%s: the stored object does not decode: %w", kind, ns, name, err)

@@ -14,3 +14,8 @@ func (s *Store) MigrateToForTest(ctx context.Context, upTo int) error { return s
 
 // ObjectJSONForTest is the record as the archive keeps it (objectJSON).
 func ObjectJSONForTest(obj any, kind string) ([]byte, error) { return objectJSON(obj, kind) }
+
+// QueryRowForTest reads one value directly.
+func (s *Store) QueryRowForTest(ctx context.Context, sql string, dest any) error {
+	return s.pool.QueryRow(ctx, sql).Scan(dest)
+}

@@ -67,7 +67,8 @@ var (
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{EventsExpired, providerCalls, billingCallDuration, SettlementTransitions, DeadLetters, ProviderSlotWaits,
 		ReceiptToSettled, JobTransitions, DiscrepanciesFound, RepairsCarriedOut,
-		ArchivedRecords, ArchivedDuplicates, ArchiveFailures, archiveEnabled, archiveUp, archiveBehind}
+		ArchivedRecords, ArchivedDuplicates, ArchiveFailures, archiveEnabled, archiveUp, archiveBehind,
+		ArchiveBatchSize}
 }
 
 func init() { crmetrics.Registry.MustRegister(Collectors()...) }
@@ -203,6 +204,12 @@ var (
 		Name: "settlement_archive_failures_total",
 		Help: "Archive operations that failed, by kind and reason (unavailable: the archive did not answer; conflict: the archive holds other content under the record's name or key — alert on it).",
 	}, []string{"kind", "reason"})
+	// ArchiveBatchSize is observed once per archival batch (controllers/archiver).
+	ArchiveBatchSize = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "settlement_archive_batch_size",
+		Help:    "Records per archival batch (one insert and one read-back per table, one watermark write, then the deletes).",
+		Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200},
+	})
 	ArchivedDuplicates = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_archived_duplicates_total",
 		Help: "Records not dispatched or sent because the archive already held them (a redelivered event, a settlement created again for an archived key), by kind.",
