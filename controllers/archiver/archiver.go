@@ -70,6 +70,9 @@ type Reconciler struct {
 	BatchLinger time.Duration
 
 	batch *batcher
+	// released remembers what a report confirmed of each settlement the archiver has
+	// released and not yet seen deleted (confirmations.go).
+	released releasedConfirmations
 	// at, when set, is called at each moment an archival is interrupted by the tests
 	// (a kill -9 of the archiving process, a concurrent write), with the record when
 	// there is one; nil in production.
@@ -294,6 +297,11 @@ func (a *Reconciler) archiveOne(kind string, newObj func() client.Object, record
 			}
 		}
 		out := a.batch.archive(ctx, record(obj))
+		if ctx.Err() != nil {
+			// Shutting down or no longer the leader: nothing failed, the record stays
+			// for the next reconcile (its batch's outcome, whatever it was, is safe).
+			return ctrl.Result{}, nil
+		}
 		err := out.err
 		metrics.NoteArchive(kind, err)
 		if archive.IsConflict(err) {
@@ -312,6 +320,8 @@ func (a *Reconciler) archiveOne(kind string, newObj func() client.Object, record
 		}
 		if bs, ok := obj.(*hooksv1alpha1.BillingSettlement); ok {
 			protected := controllerutil.ContainsFinalizer(bs, hooksv1alpha1.FinalizerSettlementProtection)
+			// Before the release: the version it writes is one no report names.
+			a.released.remember(bs)
 			released, err := a.releaseProtection(ctx, bs)
 			if err != nil || !released {
 				return ctrl.Result{}, err // changed since it was archived: its change brings it back
@@ -322,6 +332,9 @@ func (a *Reconciler) archiveOne(kind string, newObj func() client.Object, record
 		}
 		uid, rv := obj.GetUID(), obj.GetResourceVersion()
 		err = a.Delete(ctx, obj, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+		if err == nil || apierrors.IsNotFound(err) {
+			a.released.forget(obj.GetUID())
+		}
 		switch {
 		case apierrors.IsNotFound(err):
 			return ctrl.Result{}, nil

@@ -3,8 +3,11 @@ package archiver
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -15,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/confirmation"
 	"github.com/settlement-operator/settlement-operator/internal/index"
 )
@@ -54,10 +58,73 @@ func (a *Reconciler) confirmFromReport(ctx context.Context, obj client.Object) e
 	}
 	rr, reason, ok := confirmation.Find(reports.Items, bp.UID, bs)
 	if !ok {
+		a.released.reapply(bs)
 		return nil
 	}
 	confirmation.Apply(bs, rr, reason)
 	return nil
+}
+
+// releasedConfirmations carries a report's confirmation across the archiver's own
+// release of a settlement. The release (removing the protection finalizer) gives the
+// settlement a resourceVersion no report names; should its DELETE then be refused —
+// the settlement controller put the finalizer back — or fail, the settlement is still
+// the content the report confirmed and that is archived, and must go on its next
+// reconcile rather than wait for a pass to confirm a version that differs only in
+// its finalizer. So, per settlement released and not yet deleted, the confirmation
+// and the content hash it covered are kept (in memory: after a restart in between,
+// the next pass asks the provider about the changed version and confirms it again).
+// A settlement whose content has changed since gets nothing from it.
+type releasedConfirmations struct {
+	mu sync.Mutex
+	m  map[types.UID]releasedConfirmation
+}
+
+type releasedConfirmation struct {
+	hash string
+	cond metav1.Condition
+	at   *metav1.Time
+}
+
+// remember keeps bs's confirmation before the archiver releases it (nothing when it
+// carries none: it is not archived unconfirmed).
+func (r *releasedConfirmations) remember(bs *hooksv1alpha1.BillingSettlement) {
+	c := apimeta.FindStatusCondition(bs.Status.Conditions, hooksv1alpha1.ConditionReconciled)
+	if c == nil || c.Status != metav1.ConditionTrue {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[types.UID]releasedConfirmation{}
+	}
+	r.m[bs.UID] = releasedConfirmation{hash: archive.SettlementContentHash(bs), cond: *c, at: bs.Status.LastReconciledAt.DeepCopy()}
+}
+
+// forget drops what was kept for a settlement once it is gone.
+func (r *releasedConfirmations) forget(uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.m, uid)
+}
+
+// reapply confirms bs again, in memory, if the archiver released it on a confirmation
+// of exactly its present content.
+func (r *releasedConfirmations) reapply(bs *hooksv1alpha1.BillingSettlement) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kept, ok := r.m[bs.UID]
+	if !ok {
+		return
+	}
+	if kept.hash != archive.SettlementContentHash(bs) {
+		delete(r.m, bs.UID) // changed since: a pass must look at it again
+		return
+	}
+	cond := kept.cond
+	cond.ObservedGeneration = bs.Generation
+	apimeta.SetStatusCondition(&bs.Status.Conditions, cond)
+	bs.Status.LastReconciledAt = kept.at.DeepCopy()
 }
 
 // settlementsConfirmedBy maps a report to the settlements it confirms that are still
