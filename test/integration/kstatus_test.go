@@ -2,6 +2,8 @@ package integration_test
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -10,13 +12,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/yaml"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/test/argocd"
 	"github.com/settlement-operator/settlement-operator/test/fixtures"
+	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
 
 // gitopsView is what the GitOps tools make of an object as the API server has it:
@@ -170,6 +175,30 @@ var _ = Describe("GitOps health of the provider kinds (kstatus and Argo CD)", fu
 				HaveField("Status", kstatus.CurrentStatus), HaveField("ArgoHealth", "Healthy"), noAbnormalConditions()))
 		}
 	})
+
+	It("ends the Flux example's health checks failed on a broken tenant, well inside its timeout", func() {
+		example := fluxExample()
+		// Both providers cannot work: the token Secret lacks the key the BillingProvider
+		// names, and the signing Secret lacks the key the WebhookProvider names.
+		ns := newTenant(func(bp *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.CredentialsSecretRef.Key = "absent"
+			wp.Spec.Signature.SecretRef.Keys = []string{"absent"}
+		})
+		Expect(example.Spec.HealthChecks).To(HaveLen(2))
+		for _, hc := range example.Spec.HealthChecks {
+			gvk := schema.FromAPIVersionAndKind(hc.APIVersion, hc.Kind)
+			typed, err := env.Scheme.New(gvk)
+			Expect(err).NotTo(HaveOccurred(), "the example checks a kind of ours")
+			obj := typed.(client.Object)
+			obj.SetName(hc.Name)
+			start := time.Now()
+			v := fluxWait(ns, obj, example.Spec.Timeout.Duration)
+			Expect(v.Status).To(Equal(kstatus.FailedStatus), "%s %s: %+v", hc.Kind, hc.Name, v)
+			Expect(time.Since(start)).To(BeNumerically("<", waitingGrace), "Stalled at once, not after a wait")
+			Expect(v).To(HaveField("Conditions", ContainElement(And(
+				HaveField("Type", hooksv1alpha1.ConditionStalled), HaveField("Message", ContainSubstring("absent"))))))
+		}
+	})
 })
 
 // readyReasonWaitingFor is the Ready reason of a provider whose Secret is missing.
@@ -178,4 +207,26 @@ func readyReasonWaitingFor(obj client.Object) string {
 		return hooksv1alpha1.ReasonSecretNotFound
 	}
 	return hooksv1alpha1.ReasonBillingProviderNotReady
+}
+
+// fluxKustomization is the part of Flux's Kustomization the example is read for.
+type fluxKustomization struct {
+	Spec struct {
+		Timeout      metav1.Duration `json:"timeout"`
+		HealthChecks []struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+			Name       string `json:"name"`
+		} `json:"healthChecks"`
+	} `json:"spec"`
+}
+
+// fluxExample reads config/flux/kustomization.yaml.
+func fluxExample() fluxKustomization {
+	GinkgoHelper()
+	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "flux", "kustomization.yaml"))
+	Expect(err).NotTo(HaveOccurred())
+	var k fluxKustomization
+	Expect(yaml.Unmarshal(raw, &k)).To(Succeed())
+	return k
 }
