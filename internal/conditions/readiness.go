@@ -10,7 +10,7 @@ import (
 )
 
 // Readiness is what a provider kind's Ready condition says, in the terms GitOps tools
-// read it (kstatus: docs/design.md §15.1).
+// read it (kstatus: docs/design.md §3.1).
 type Readiness int
 
 const (
