@@ -275,8 +275,10 @@ type BillingProviderSpec struct {
 
 // BillingProviderStatus reports whether the backend can be used.
 type BillingProviderStatus struct {
-	// observedGeneration is the spec generation this status describes.
+	// observedGeneration is the spec generation this status describes; 0 until the
+	// operator has looked at the object.
 	// +optional
+	// +kubebuilder:default=0
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
 	// lastReconciliation is when the latest reconciliation pass finished.
@@ -333,8 +335,11 @@ type BillingProvider struct {
 	// +required
 	Spec BillingProviderSpec `json:"spec"`
 
-	// status is written by the operator.
+	// status is written by the operator. Until it first does, the API server shows
+	// status.observedGeneration 0 (a default), so kstatus-based tools (Flux's wait)
+	// see a generation not observed yet, in progress, rather than a current object.
 	// +optional
+	// +kubebuilder:default={observedGeneration:0}
 	Status BillingProviderStatus `json:"status,omitempty"`
 }
 

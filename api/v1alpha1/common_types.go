@@ -69,6 +69,18 @@ const (
 	// ConditionReady is True when the object is usable (configuration valid, secret
 	// found) or, for records, when it reached a final, good state.
 	ConditionReady = "Ready"
+	// ConditionReconciling is kstatus's "still working on it": on a provider kind it is
+	// True, with Ready False, while the operator waits for something that may still
+	// come (a Secret or BillingProvider not created yet, a provider that does not
+	// answer), for at most the waiting grace; it is absent otherwise. GitOps tools
+	// (Flux's wait, Argo CD, kstatus) show the object as in progress meanwhile.
+	ConditionReconciling = "Reconciling"
+	// ConditionStalled is kstatus's "cannot go on without help": on a provider kind it
+	// is True, with Ready False, when the configuration cannot work as it is (an
+	// invalid spec, a refused Secret or key, credentials the provider rejects) or what
+	// it waits for has not come within the waiting grace; it is absent otherwise.
+	// GitOps tools report the object as failed and stop waiting. Its reason is Ready's.
+	ConditionStalled = "Stalled"
 )
 
 // Reasons shared by several kinds.

@@ -504,8 +504,10 @@ type WebhookProviderSpec struct {
 
 // WebhookProviderStatus reports whether the provider can receive.
 type WebhookProviderStatus struct {
-	// observedGeneration is the spec generation this status describes.
+	// observedGeneration is the spec generation this status describes; 0 until the
+	// operator has looked at the object.
 	// +optional
+	// +kubebuilder:default=0
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
 	// endpointPath is the receiver path senders post to: /webhooks/{namespace}/{name}.
@@ -632,8 +634,11 @@ type WebhookProvider struct {
 	// +required
 	Spec WebhookProviderSpec `json:"spec"`
 
-	// status is written by the operator.
+	// status is written by the operator. Until it first does, the API server shows
+	// status.observedGeneration 0 (a default), so kstatus-based tools (Flux's wait)
+	// see a generation not observed yet, in progress, rather than a current object.
 	// +optional
+	// +kubebuilder:default={observedGeneration:0}
 	Status WebhookProviderStatus `json:"status,omitempty"`
 }
 

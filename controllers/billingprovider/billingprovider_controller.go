@@ -2,6 +2,7 @@ package billingprovider
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -85,6 +86,10 @@ type Reconciler struct {
 	// Health, shared with the settlement controller, tells how the latest calls to
 	// each provider went (the ProviderHealthy condition); nil leaves it out.
 	Health *providerclient.Health
+	// WaitingGrace is how long a provider whose credentials Secret is not created yet,
+	// or which does not answer, is Reconciling before it is Stalled
+	// (conditions.DefaultWaitingGrace).
+	WaitingGrace time.Duration
 	// MaxConcurrentReconciles is how many BillingProviders are reconciled at once
 	// (defaultWorkers when 0).
 	MaxConcurrentReconciles int
@@ -175,18 +180,33 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, bp *hooksv1alpha1.Bill
 				r.Recorder.Eventf(bp, nil, corev1.EventTypeWarning, reason, "CheckCredentials", "%s", conditions.TruncateMessage(err.Error()))
 			}
 		}
-		conditions.Set(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
-			reason, conditions.TruncateMessage(err.Error()))
+		// A Secret not created yet (or an API server that did not answer) may still
+		// come; a refused opt-in, a missing key or a key the adapter cannot use will not.
+		readiness := conditions.Broken
+		var apiStatus apierrors.APIStatus
+		if !credentials.IsRefused(err) && !errors.Is(err, credentials.ErrKeyMissing) && errors.As(err, &apiStatus) {
+			readiness = conditions.Waiting
+		}
+		stallIn := conditions.SetReadiness(&bp.Status.Conditions, bp.Generation, readiness,
+			reason, conditions.TruncateMessage(err.Error()), r.now(), r.WaitingGrace)
 		// No call is made without usable credentials: what earlier calls said is stale,
 		// and so is the mode of a key that cannot be used.
 		apimeta.RemoveStatusCondition(&bp.Status.Conditions, hooksv1alpha1.ConditionProviderHealthy)
 		bp.Status.Mode = ""
+		if stallIn > 0 && stallIn < r.credentialRecheck() {
+			return ctrl.Result{RequeueAfter: stallIn}, nil // the wait turns Stalled on time
+		}
 		return ctrl.Result{RequeueAfter: r.credentialRecheck()}, nil
 	}
 	bp.Status.Mode = adapters.Mode(c) // a Stripe key's test or live mode, for all to see
 	// Deferred: the pass below calls the provider too, and its outcome belongs in this
 	// write. Ready is decided once, so its lastTransitionTime keeps its meaning.
-	defer r.applyHealth(bp)
+	defer func() {
+		// A provider that does not answer turns Stalled on time, not at the next pass.
+		if stallIn := r.applyHealth(bp); stallIn > 0 && err == nil && (result.RequeueAfter == 0 || stallIn < result.RequeueAfter) {
+			result.RequeueAfter = stallIn
+		}
+	}()
 
 	policy := reconciliationPolicyOf(bp)
 	now := r.now()
@@ -238,8 +258,11 @@ func (r *Reconciler) passInterval(uid types.UID, policy reconciliationPolicy) ti
 }
 
 // applyHealth writes the ProviderHealthy condition from the latest calls and, while
-// the provider refuses the credentials or cannot be reached, makes Ready say so.
-func (r *Reconciler) applyHealth(bp *hooksv1alpha1.BillingProvider) {
+// the provider refuses the credentials or cannot be reached, makes Ready say so:
+// rejected credentials are Stalled at once (only a new token helps), a provider that
+// does not answer or answers with errors is Reconciling for the waiting grace and
+// Stalled after it. It returns how long until such a wait turns Stalled (0: none).
+func (r *Reconciler) applyHealth(bp *hooksv1alpha1.BillingProvider) time.Duration {
 	status, reason, message, ok := r.Health.Condition(bp.UID, bp.Generation)
 	if ok {
 		conditions.Set(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionProviderHealthy, status, reason, conditions.TruncateMessage(message))
@@ -247,12 +270,15 @@ func (r *Reconciler) applyHealth(bp *hooksv1alpha1.BillingProvider) {
 		apimeta.RemoveStatusCondition(&bp.Status.Conditions, hooksv1alpha1.ConditionProviderHealthy)
 	}
 	if ok && status == metav1.ConditionFalse {
-		conditions.Set(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
-			reason, conditions.TruncateMessage(message+"; settlements keep retrying with the same keys"))
-		return
+		readiness := conditions.Waiting
+		if reason == hooksv1alpha1.ReasonCredentialsRejected {
+			readiness = conditions.Broken
+		}
+		return conditions.SetReadiness(&bp.Status.Conditions, bp.Generation, readiness, reason,
+			conditions.TruncateMessage(message+"; settlements keep retrying with the same keys"), r.now(), r.WaitingGrace)
 	}
-	conditions.Set(&bp.Status.Conditions, bp.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
-		hooksv1alpha1.ReasonValid, "credentials found and allowed for this endpoint; settlements are sent to "+bp.Spec.Endpoint)
+	return conditions.SetReadiness(&bp.Status.Conditions, bp.Generation, conditions.Working, hooksv1alpha1.ReasonValid,
+		"credentials found and allowed for this endpoint; settlements are sent to "+bp.Spec.Endpoint, r.now(), r.WaitingGrace)
 }
 
 type reconciliationPolicy struct {

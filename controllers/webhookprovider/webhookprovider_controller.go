@@ -47,6 +47,9 @@ type Reconciler struct {
 	// SecretWaitInterval is how often a provider whose Secret is missing, invalid or
 	// refused looks again (5s).
 	SecretWaitInterval time.Duration
+	// WaitingGrace is how long a provider waiting for its Secret or BillingProvider to
+	// be created is Reconciling before it is Stalled (conditions.DefaultWaitingGrace).
+	WaitingGrace time.Duration
 }
 
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookproviders,verbs=get;list;watch
@@ -69,14 +72,35 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	conditions.Set(&p.Status.Conditions, p.Generation, hooksv1alpha1.ConditionReady, status, reason, message)
+	readiness := readinessOf(status, reason)
+	stallIn := conditions.SetReadiness(&p.Status.Conditions, p.Generation, readiness, reason, message, time.Now(), r.WaitingGrace)
 	if err := r.nextRetentionSweep(ctx, &p); err != nil {
 		return ctrl.Result{}, err
 	}
 	if _, err := statuspatch.Patch(ctx, r.Client, &p, before, false); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{RequeueAfter: r.interval(reason)}, nil
+	next := r.interval(reason)
+	if stallIn > 0 && stallIn < next {
+		next = stallIn // a wait that outlasts the grace turns Stalled on time
+	}
+	return ctrl.Result{RequeueAfter: next}, nil
+}
+
+// readinessOf tells a configuration that cannot work as it is (Stalled at once) from
+// one waiting for something that may still be created, as a GitOps tool may apply a
+// Secret or a BillingProvider after the provider, or a secret store may fill it in
+// later (Reconciling, then Stalled after the waiting grace).
+func readinessOf(status metav1.ConditionStatus, reason string) conditions.Readiness {
+	switch {
+	case status == metav1.ConditionTrue:
+		return conditions.Working
+	case reason == hooksv1alpha1.ReasonSecretNotFound, reason == hooksv1alpha1.ReasonBillingProviderNotFound:
+		return conditions.Waiting
+	}
+	// InvalidSpec, SecretInvalid, SigningKeyRefused, SigningKeysUnnamed,
+	// CredentialsNotAllowed: only a change to the spec or the Secret helps.
+	return conditions.Broken
 }
 
 // interval is when the provider is checked again. Secrets are not watched (the

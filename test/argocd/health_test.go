@@ -1,96 +1,13 @@
-// Package argocd tests the Argo CD health checks in config/argocd: each script runs
-// in gopher-lua, the Lua VM Argo CD runs them in, with the object as `obj` (decoded
-// from its JSON as Argo CD does), against objects of every kind in each state.
 package argocd
 
 import (
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	lua "github.com/yuin/gopher-lua"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
-	"github.com/settlement-operator/settlement-operator/test/testenv"
 )
-
-// scripts reads config/argocd/argocd-cm.yaml: kind → health script.
-func scripts(t *testing.T) map[string]string {
-	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "argocd", "argocd-cm.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cm struct {
-		Data map[string]string `json:"data"`
-	}
-	if err := yaml.Unmarshal(raw, &cm); err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	prefix := "resource.customizations.health." + hooksv1alpha1.GroupVersion.Group + "_"
-	for k, v := range cm.Data {
-		if !strings.HasPrefix(k, prefix) {
-			t.Fatalf("unexpected key %q", k)
-		}
-		out[strings.TrimPrefix(k, prefix)] = v
-	}
-	return out
-}
-
-// toLua decodes a JSON value into Lua values as Argo CD does (objects and arrays
-// become tables, numbers float).
-func toLua(l *lua.LState, v any) lua.LValue {
-	switch x := v.(type) {
-	case map[string]any:
-		t := l.NewTable()
-		for k, e := range x {
-			t.RawSetString(k, toLua(l, e))
-		}
-		return t
-	case []any:
-		t := l.NewTable()
-		for _, e := range x {
-			t.Append(toLua(l, e))
-		}
-		return t
-	case string:
-		return lua.LString(x)
-	case float64:
-		return lua.LNumber(x)
-	case bool:
-		return lua.LBool(x)
-	}
-	return lua.LNil
-}
-
-// health runs a script on obj and returns its status and message.
-func health(t *testing.T, script string, obj any) (string, string) {
-	t.Helper()
-	raw, err := json.Marshal(obj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(raw, &m); err != nil {
-		t.Fatal(err)
-	}
-	l := lua.NewState(lua.Options{SkipOpenLibs: false})
-	defer l.Close()
-	l.SetGlobal("obj", toLua(l, m))
-	if err := l.DoString(script); err != nil {
-		t.Fatalf("script failed: %v", err)
-	}
-	ret, ok := l.Get(-1).(*lua.LTable)
-	if !ok {
-		t.Fatalf("script returned %s, not a table", l.Get(-1).Type())
-	}
-	return ret.RawGetString("status").String(), ret.RawGetString("message").String()
-}
 
 func cond(t, status, reason, msg string, gen int64) metav1.Condition {
 	return metav1.Condition{Type: t, Status: metav1.ConditionStatus(status), Reason: reason, Message: msg,
@@ -98,7 +15,7 @@ func cond(t, status, reason, msg string, gen int64) metav1.Condition {
 }
 
 func TestHealthChecks(t *testing.T) {
-	s := scripts(t)
+	s := Scripts(t)
 	for _, kind := range []string{"WebhookProvider", "BillingProvider", "BillingSettlement", "JobCompletion", "WebhookEvent", "ReconciliationReport"} {
 		if s[kind] == "" {
 			t.Fatalf("no health check for %s", kind)
@@ -151,6 +68,10 @@ func TestHealthChecks(t *testing.T) {
 		{"provider ready", "WebhookProvider", wp(2, cond("Ready", "True", "Valid", "all routes valid", 2)), "Healthy", "all routes valid"},
 		{"provider not ready", "WebhookProvider", wp(2, cond("Ready", "False", "BillingProviderNotFound", `route 0 names "billing-typo"`, 2)), "Degraded", "BillingProviderNotFound"},
 		{"provider edited, not seen yet", "WebhookProvider", wp(3, cond("Ready", "True", "Valid", "", 2)), "Progressing", "generation 3"},
+		{"provider stalled", "WebhookProvider", wp(2, cond("Ready", "False", "SigningKeyRefused", "tls.key holds PEM", 2), cond("Stalled", "True", "SigningKeyRefused", "tls.key holds PEM", 2)), "Degraded", "SigningKeyRefused: tls.key"},
+		{"provider waiting", "WebhookProvider", wp(2, cond("Ready", "False", "SecretNotFound", "Secret \"s\" not found", 2), cond("Reconciling", "True", "SecretNotFound", "Secret \"s\" not found", 2)), "Progressing", "SecretNotFound"},
+		{"provider not looked at, observedGeneration defaulted", "BillingProvider", map[string]any{
+			"metadata": map[string]any{"generation": 1}, "status": map[string]any{"observedGeneration": 0}}, "Progressing", "generation 1"},
 		{"billing ready", "BillingProvider", bp(1, cond("Ready", "True", "Valid", "credentials accepted", 1)), "Healthy", "credentials"},
 		{"billing refused", "BillingProvider", bp(1, cond("Ready", "False", "CredentialsRejected", "401", 1)), "Degraded", "CredentialsRejected"},
 		{"settlement new", "BillingSettlement", &hooksv1alpha1.BillingSettlement{ObjectMeta: meta(1)}, "Progressing", ""},
@@ -178,7 +99,7 @@ func TestHealthChecks(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got, msg := health(t, s[c.kind], c.obj)
+			got, msg := Health(t, s[c.kind], c.obj)
 			if got != c.want || !strings.Contains(msg, c.msg) {
 				t.Fatalf("%s: got %s %q, want %s containing %q", c.kind, got, msg, c.want, c.msg)
 			}

@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -68,6 +69,9 @@ var _ = Describe("a BillingProvider's health", func() {
 		ready := billingProviderCondition(ns, hooksv1alpha1.ConditionReady)()
 		Expect(ready).To(HaveField("Reason", hooksv1alpha1.ReasonCredentialsRejected))
 		Expect(ready.Message).NotTo(ContainSubstring("an-expired-token"), "never the token")
+		Eventually(billingProviderCondition(ns, hooksv1alpha1.ConditionStalled)).Should(And(
+			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", hooksv1alpha1.ReasonCredentialsRejected)),
+			"only a new token helps: Stalled at once, for GitOps tools")
 		Eventually(latestFailedReportReason(ns)).Should(Equal(hooksv1alpha1.ReasonCredentialsRejected),
 			"a pass the provider refused says so, not APIServerFailure")
 
@@ -76,6 +80,7 @@ var _ = Describe("a BillingProvider's health", func() {
 			HaveField("Reason", hooksv1alpha1.ReasonCallsSucceeding))
 		Eventually(billingProviderCondition(ns, hooksv1alpha1.ConditionReady)).Should(
 			HaveField("Status", metav1.ConditionTrue))
+		Expect(billingProviderCondition(ns, hooksv1alpha1.ConditionStalled)()).To(BeNil(), "absent once it works")
 	})
 
 	It("says its endpoint cannot be reached", func() {
@@ -90,5 +95,13 @@ var _ = Describe("a BillingProvider's health", func() {
 		Expect(strings.ToLower(billingProviderCondition(ns, hooksv1alpha1.ConditionProviderHealthy)().Message)).
 			To(ContainSubstring("connection_refused"))
 		Eventually(latestFailedReportReason(ns)).Should(Equal(hooksv1alpha1.ReasonEndpointUnreachable))
+		// An outage may heal by itself: Reconciling first, Stalled once it outlasts
+		// the waiting grace, so a GitOps wait on it ends.
+		Expect(billingProviderCondition(ns, hooksv1alpha1.ConditionStalled)()).To(BeNil())
+		Expect(billingProviderCondition(ns, hooksv1alpha1.ConditionReconciling)()).To(
+			HaveField("Reason", hooksv1alpha1.ReasonEndpointUnreachable))
+		Eventually(billingProviderCondition(ns, hooksv1alpha1.ConditionStalled)).WithTimeout(time.Minute).Should(And(
+			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", hooksv1alpha1.ReasonEndpointUnreachable)))
+		Expect(billingProviderCondition(ns, hooksv1alpha1.ConditionReconciling)()).To(BeNil())
 	})
 })

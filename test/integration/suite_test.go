@@ -140,6 +140,11 @@ type managerOptions struct {
 	transport func(http.RoundTripper) http.RoundTripper
 }
 
+// waitingGrace is how long a provider waiting for something that may still come is
+// Reconciling before it is Stalled: 15s here (2m in production), so kstatus_test.go
+// sees both.
+const waitingGrace = 15 * time.Second
+
 func startManager(opts ...managerOptions) *runningManager {
 	GinkgoHelper()
 	var o managerOptions
@@ -161,7 +166,8 @@ func startManager(opts ...managerOptions) *runningManager {
 	// A Ready provider is re-checked every 10s here (1m in production), one waiting for
 	// its Secret every 1s (5s): webhookprovider_test.go tells the two apart.
 	Expect((&webhookprovider.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
-		SecretRecheckInterval: 10 * time.Second, SecretWaitInterval: time.Second}).SetupWithManager(m)).To(Succeed())
+		SecretRecheckInterval: 10 * time.Second, SecretWaitInterval: time.Second,
+		WaitingGrace: waitingGrace}).SetupWithManager(m)).To(Succeed())
 	if !o.noEventController {
 		Expect((&webhookevent.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 			Recorder: m.GetEventRecorder("webhookevent"), Archive: o.store,
@@ -180,7 +186,7 @@ func startManager(opts ...managerOptions) *runningManager {
 		Tombstones: tombstones, CredentialRecheckInterval: time.Second, MaxConcurrentReconciles: o.settlementWorkers}).SetupWithManager(m)).To(Succeed())
 	Expect((&billingprovider.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("billingprovider"), Archive: o.store, Health: health,
-		CredentialRecheckInterval: time.Second, MaxListPages: o.maxListPages,
+		CredentialRecheckInterval: time.Second, MaxListPages: o.maxListPages, WaitingGrace: waitingGrace,
 		// Usage totals are compared up to 1s ago with 1s of clock skew (1h and 1m in
 		// production): the fakes and the API server share this machine's clock.
 		UsageTotalsLag: time.Second, UsageClockSkew: time.Second}).SetupWithManager(m)).To(Succeed())
