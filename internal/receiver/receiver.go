@@ -443,6 +443,12 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	}
 	d.bodyRead = true
 
+	if c.sig.Scheme == signature.SchemeStandardWebhooks {
+		// Svix's svix-* headers are Standard Webhooks' under other names: read them as
+		// webhook-* for the signature and for the event ID alike.
+		req.Header = signature.StandardHeaders(req.Header)
+	}
+
 	// 5. Signature, before any other API or archive call and any shared slot: the
 	// signing Secret's read is the only call an unsigned delivery can cause, and it is
 	// bounded (secrets.go). Its cost is an HMAC over bytes already received.
