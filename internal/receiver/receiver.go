@@ -34,6 +34,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/extract"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/payload"
+	"github.com/settlement-operator/settlement-operator/internal/senders"
 	"github.com/settlement-operator/settlement-operator/internal/signature"
 	"github.com/settlement-operator/settlement-operator/internal/signingkeys"
 )
@@ -215,6 +216,9 @@ type compiled struct {
 	generation int64
 	x          *extract.Extractor
 	sig        signature.Config
+	// cloudEvents: deliveries are CloudEvents (cloudevents.go), identified by their
+	// attributes, and routes read their data.
+	cloudEvents bool
 }
 
 // New builds a Receiver. cache must be backed by informers for WebhookProvider and
@@ -378,6 +382,10 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	if req.Method != http.MethodPost {
 		return answer{code: http.StatusMethodNotAllowed, outcome: OutcomeMethodNotAllowed, message: "only POST is accepted"}
 	}
+	if isCloudEventsBatch(req.Header.Get("Content-Type")) {
+		return answer{code: http.StatusUnsupportedMediaType, outcome: OutcomeUnsupportedType, message: batchRefused,
+			rejected: rejectMediaType}
+	}
 	if !isJSON(req.Header.Get("Content-Type")) {
 		a := answer{code: http.StatusUnsupportedMediaType, outcome: OutcomeUnsupportedType,
 			message: "Content-Type must be application/json", rejected: rejectMediaType}
@@ -478,13 +486,26 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	}
 	defer releaseGlobal()
 
-	// 7. Parse, identify, route.
+	// 7. Parse, identify, route. A CloudEvent is identified by its attributes, and
+	// its data is the payload (stored, hashed and read by routes) in either mode.
+	var ce *cloudEvent
+	if c.cloudEvents {
+		if ce, err = readCloudEvent(req.Header, body); err != nil {
+			return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: err.Error(), rejected: rejectCloudEvent}
+		}
+		body = ce.data
+	}
 	doc, err := payload.Decode(body)
 	if err != nil {
 		return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: "malformed JSON: " + err.Error(),
 			rejected: rejectMalformedJSON}
 	}
-	ev, err := c.x.Identify(req.Header, body, doc)
+	var ev *extract.Event
+	if ce != nil {
+		ev, err = c.x.IdentifyAs(ce.eventID(), ce.eventType, body, doc)
+	} else {
+		ev, err = c.x.Identify(req.Header, body, doc)
+	}
 	if err != nil {
 		return badRequest(err)
 	}
@@ -752,11 +773,12 @@ func (r *Receiver) compiledFor(p *hooksv1alpha1.WebhookProvider) (compiled, erro
 	if ok && c.generation == p.Generation {
 		return c, nil
 	}
-	x, err := extract.Compile(p.Namespace, p.Name, &p.Spec)
+	spec := senders.Apply(&p.Spec)
+	x, err := extract.Compile(p.Namespace, p.Name, &spec)
 	if err != nil {
 		return compiled{}, err
 	}
-	c = compiled{generation: p.Generation, x: x, sig: extract.SignatureConfig(&p.Spec.Signature)}
+	c = compiled{generation: p.Generation, x: x, sig: extract.SignatureConfig(&spec.Signature), cloudEvents: senders.IsCloudEvents(&spec)}
 	if err := c.sig.Validate(); err != nil {
 		return compiled{}, err
 	}
