@@ -261,7 +261,7 @@ var _ = Describe("real senders", func() {
 			"spec.sender sets signature.scheme": func(p *hooksv1alpha1.WebhookProvider) {
 				p.Spec.Signature.Scheme = hooksv1alpha1.SchemeAPIKey
 			},
-			"signature.scheme, eventID and eventType are required unless spec.sender names a preset": func(p *hooksv1alpha1.WebhookProvider) {
+			"signature.scheme is required unless spec.sender names a preset": func(p *hooksv1alpha1.WebhookProvider) {
 				p.Spec.Sender = ""
 			},
 			"leave signature.header, prefix, encoding, timestampHeader and signedHeaders unset": func(p *hooksv1alpha1.WebhookProvider) {
