@@ -382,13 +382,12 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	if req.Method != http.MethodPost {
 		return answer{code: http.StatusMethodNotAllowed, outcome: OutcomeMethodNotAllowed, message: "only POST is accepted"}
 	}
-	if isCloudEventsBatch(req.Header.Get("Content-Type")) {
-		return answer{code: http.StatusUnsupportedMediaType, outcome: OutcomeUnsupportedType, message: batchRefused,
-			rejected: rejectMediaType}
-	}
-	if !isJSON(req.Header.Get("Content-Type")) {
+	if batch := isCloudEventsBatch(req.Header.Get("Content-Type")); batch || !isJSON(req.Header.Get("Content-Type")) {
 		a := answer{code: http.StatusUnsupportedMediaType, outcome: OutcomeUnsupportedType,
 			message: "Content-Type must be application/json", rejected: rejectMediaType}
+		if batch {
+			a.message = batchRefused
+		}
 		// Recorded only for a provider the cache knows (a cached read, no API call).
 		if r.opts.Namespaces == nil || r.opts.Namespaces[ns] {
 			if r.cache.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &hooksv1alpha1.WebhookProvider{}) == nil {

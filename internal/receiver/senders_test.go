@@ -13,6 +13,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/signature"
@@ -224,6 +225,15 @@ var _ = Describe("real senders", func() {
 			code, body := post(url(ns, "ce"), "application/cloudevents-batch+json", auth(http.Header{}), "["+structured("/s", "b-1")+"]")
 			Expect(code).To(Equal(http.StatusUnsupportedMediaType), body)
 			Expect(decode(body)["message"]).To(ContainSubstring("send each event in its own request"))
+			// Recorded on the provider like any 415, so on-call sees what the sender does.
+			Eventually(func() string {
+				var p hooksv1alpha1.WebhookProvider
+				Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "ce"}, &p)).To(Succeed())
+				if p.Status.LastRejection == nil {
+					return ""
+				}
+				return p.Status.LastRejection.Reason
+			}).WithTimeout(20 * time.Second).Should(Equal(hooksv1alpha1.RejectionUnsupportedMediaType))
 
 			h := binary("ce-3")
 			h.Del("Ce-Source")
