@@ -16,9 +16,10 @@ import (
 // read by hand rather than with sdk-go: the receiver needs four attributes and the
 // data's bytes, which one json.Unmarshal of the envelope (structured mode) or four
 // header reads (binary mode) give, on bytes already read and verified. The SDK's
-// HTTP binding would build an event.Event (attributes, extensions, a copy of the
-// data) and validate attributes we never use for every delivery, and pull its module
-// into the manager (docs/design.md §4, "CloudEvents").
+// HTTP binding builds an event.Event per delivery (measured: about twice the time
+// and three to eleven times the bytes of this path, microseconds either way) and
+// would add its module to the manager; its errors do not name the attribute a sender
+// must fix (decisions.md "Sender presets").
 const (
 	ceStructuredMediaType = "application/cloudevents+json"
 	ceBatchMediaType      = "application/cloudevents-batch+json"
