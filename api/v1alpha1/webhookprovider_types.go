@@ -4,8 +4,40 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// Sender names a kind of sender whose documented format a preset configures
+// (docs/design.md §4, "Sender presets").
+// +kubebuilder:validation:Enum=Generic;StandardWebhooks;Svix;GitHub;Stripe;EventBridge;CloudEvents
+type Sender string
+
+const (
+	// SenderGeneric: nothing preset; signature.scheme, eventID and eventType say it all.
+	// A provider without spec.sender is Generic.
+	SenderGeneric Sender = "Generic"
+	// SenderStandardWebhooks: scheme StandardWebhooks, event ID webhook-id, type ".type".
+	SenderStandardWebhooks Sender = "StandardWebhooks"
+	// SenderSvix: as StandardWebhooks; Svix's svix-id, svix-timestamp and
+	// svix-signature headers are read as their webhook-* aliases.
+	SenderSvix Sender = "Svix"
+	// SenderGitHub: HMAC-SHA256 of the body in X-Hub-Signature-256 ("sha256=", hex),
+	// no timestamp (signature.insecureAllowReplay must be set); event ID and type from
+	// the payload, given in eventID and eventType (GitHub's X-GitHub-Delivery and
+	// X-GitHub-Event headers are not signed).
+	SenderGitHub Sender = "GitHub"
+	// SenderStripe: scheme Stripe, event ID ".id", type ".type".
+	SenderStripe Sender = "Stripe"
+	// SenderEventBridge: EventBridge API destinations, which sign nothing: the
+	// connection's API key (or "Basic …" value) in signature.header is compared with
+	// the Secret's key; event ID ".id", type ".detail-type".
+	SenderEventBridge Sender = "EventBridge"
+	// SenderCloudEvents: CloudEvents 1.0 over HTTP, binary or structured mode; the
+	// event ID is ce-id within ce-source, the type ce-type, and routes' JSON paths read
+	// the event's data. Authenticated like EventBridge, by a credential in
+	// signature.header.
+	SenderCloudEvents Sender = "CloudEvents"
+)
+
 // SignatureScheme is how a sender signs its deliveries.
-// +kubebuilder:validation:Enum=StandardWebhooks;Stripe;HMACSHA256
+// +kubebuilder:validation:Enum=StandardWebhooks;Stripe;HMACSHA256;APIKey
 type SignatureScheme string
 
 const (
@@ -17,6 +49,10 @@ const (
 	// SchemeHMACSHA256: a generic HMAC-SHA256 of the body (or "timestamp.body") in a
 	// configurable header, hex or base64, with an optional prefix.
 	SchemeHMACSHA256 SignatureScheme = "HMACSHA256"
+	// SchemeAPIKey: no signature; the whole value of a configured header must equal
+	// the Secret's key (an API key, or a "Basic …"/"Bearer …" value), compared in
+	// constant time. Nothing binds the body or a time to it.
+	SchemeAPIKey SignatureScheme = "APIKey"
 )
 
 // SignatureEncoding is how a generic HMAC is written in its header.
@@ -29,23 +65,27 @@ const (
 )
 
 // SignatureSpec configures how deliveries are authenticated.
-// +kubebuilder:validation:XValidation:rule="self.scheme == 'HMACSHA256' ? has(self.header) : !has(self.header)",message="header is required for scheme HMACSHA256 and not allowed for other schemes (their header names are fixed)"
-// +kubebuilder:validation:XValidation:rule="self.scheme == 'HMACSHA256' || (!has(self.prefix) && !has(self.encoding) && !has(self.timestampHeader) && !has(self.signedHeaders))",message="prefix, encoding, timestampHeader and signedHeaders only apply to scheme HMACSHA256"
+// +kubebuilder:validation:XValidation:rule="!has(self.scheme) || ((self.scheme == 'HMACSHA256' || self.scheme == 'APIKey') ? has(self.header) : !has(self.header))",message="header is required for scheme HMACSHA256 or APIKey and not allowed for other schemes (their header names are fixed)"
+// +kubebuilder:validation:XValidation:rule="!has(self.scheme) || self.scheme == 'HMACSHA256' || (!has(self.prefix) && !has(self.encoding) && !has(self.timestampHeader) && !has(self.signedHeaders))",message="prefix, encoding, timestampHeader and signedHeaders only apply to scheme HMACSHA256"
 // +kubebuilder:validation:XValidation:rule="!has(self.signedHeaders) || self.signedHeaders.all(h, self.signedHeaders.filter(x, x.lowerAscii() == h.lowerAscii()).size() == 1)",message="signedHeaders lists a header twice (names are case-insensitive)"
 // +kubebuilder:validation:XValidation:rule="!has(self.signedHeaders) || self.signedHeaders.all(h, (!has(self.header) || h.lowerAscii() != self.header.lowerAscii()) && (!has(self.timestampHeader) || h.lowerAscii() != self.timestampHeader.lowerAscii()))",message="signedHeaders must not list the signature header or the timestamp header (the timestamp is signed already)"
-// +kubebuilder:validation:XValidation:rule="self.scheme != 'HMACSHA256' || has(self.timestampHeader) || (has(self.insecureAllowReplay) && self.insecureAllowReplay)",message="scheme HMACSHA256 needs timestampHeader: the timestamp is signed with the body and checked against tolerance, so a captured delivery cannot be replayed later; only if the sender cannot send one, set insecureAllowReplay: true and accept that a captured delivery can be replayed forever"
-// +kubebuilder:validation:XValidation:rule="!(has(self.insecureAllowReplay) && self.insecureAllowReplay) || (self.scheme == 'HMACSHA256' && !has(self.timestampHeader))",message="insecureAllowReplay only applies to scheme HMACSHA256 without timestampHeader (every other configuration signs a timestamp)"
+// +kubebuilder:validation:XValidation:rule="!has(self.scheme) || self.scheme != 'HMACSHA256' || has(self.timestampHeader) || (has(self.insecureAllowReplay) && self.insecureAllowReplay)",message="scheme HMACSHA256 needs timestampHeader: the timestamp is signed with the body and checked against tolerance, so a captured delivery cannot be replayed later; only if the sender cannot send one, set insecureAllowReplay: true and accept that a captured delivery can be replayed forever"
+// +kubebuilder:validation:XValidation:rule="!(has(self.insecureAllowReplay) && self.insecureAllowReplay) || !has(self.scheme) || (self.scheme == 'HMACSHA256' && !has(self.timestampHeader))",message="insecureAllowReplay only applies to scheme HMACSHA256 without timestampHeader (every other configuration signs a timestamp, or signs nothing: APIKey)"
 type SignatureSpec struct {
-	// scheme is the signature format the sender uses.
-	// +required
-	Scheme SignatureScheme `json:"scheme"`
+	// scheme is the signature format the sender uses. Required without spec.sender
+	// (or with sender Generic); with a sender preset it must be unset: the preset
+	// decides it.
+	// +optional
+	Scheme SignatureScheme `json:"scheme,omitempty"`
 
 	// secretRef names the Secret holding the signing secret and the key(s) of it that
 	// sign deliveries.
 	// +required
 	SecretRef SigningSecretReference `json:"secretRef"`
 
-	// header carrying the signature, for scheme HMACSHA256 (e.g. "X-Signature").
+	// header carrying the signature, for scheme HMACSHA256 (e.g. "X-Signature"), or
+	// the credential, for scheme APIKey and senders EventBridge and CloudEvents (e.g.
+	// "x-api-key", or "Authorization" for Basic).
 	// +optional
 	// +kubebuilder:validation:MaxLength=128
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9-]+$`
@@ -131,7 +171,7 @@ type SigningSecretReference struct {
 
 // FieldSource locates a value in a delivery: a request header or a JSON path. A
 // header is accepted only where the signature covers it (WebhookProviderSpec's rules).
-// +kubebuilder:validation:XValidation:rule="has(self.header) != has(self.jsonPath)",message="set exactly one of header or jsonPath"
+// +kubebuilder:validation:XValidation:rule="!(has(self.header) && has(self.jsonPath))",message="set exactly one of header or jsonPath"
 type FieldSource struct {
 	// header is the name of a request header holding the value.
 	// +optional
@@ -146,7 +186,7 @@ type FieldSource struct {
 }
 
 // EventIDSource says where a delivery's event ID comes from.
-// +kubebuilder:validation:XValidation:rule="[has(self.header), has(self.jsonPath), has(self.derivedFrom)].filter(x, x).size() == 1",message="set exactly one of header, jsonPath or derivedFrom"
+// +kubebuilder:validation:XValidation:rule="[has(self.header), has(self.jsonPath), has(self.derivedFrom)].filter(x, x).size() <= 1",message="set exactly one of header, jsonPath or derivedFrom"
 type EventIDSource struct {
 	// header is the name of a request header holding the event ID: only "webhook-id"
 	// with scheme StandardWebhooks, the one header a scheme signs that identifies an
@@ -449,21 +489,44 @@ type RetentionSpec struct {
 // signature would let anyone holding one captured delivery re-type or re-identify it
 // and replay it (docs/design.md §4; decisions.md "Signed fields"). The only
 // header a scheme signs that can identify an event is StandardWebhooks' webhook-id.
-// +kubebuilder:validation:XValidation:rule="!has(self.eventID.header) || (self.signature.scheme == 'StandardWebhooks' && self.eventID.header.lowerAscii() == 'webhook-id') || (self.signature.scheme == 'HMACSHA256' && has(self.signature.signedHeaders) && self.signature.signedHeaders.exists(h, h.lowerAscii() == self.eventID.header.lowerAscii()))",message="eventID.header is outside the signature: only webhook-id with scheme StandardWebhooks, or a header listed in signature.signedHeaders with scheme HMACSHA256, is signed; otherwise take the event ID from the payload (jsonPath or derivedFrom), which every scheme signs"
-// +kubebuilder:validation:XValidation:rule="!has(self.eventType.header) || (self.signature.scheme == 'StandardWebhooks' && self.eventType.header.lowerAscii() == 'webhook-id') || (self.signature.scheme == 'HMACSHA256' && has(self.signature.signedHeaders) && self.signature.signedHeaders.exists(h, h.lowerAscii() == self.eventType.header.lowerAscii()))",message="eventType.header is outside the signature, so a captured delivery could be replayed as another event type: list it in signature.signedHeaders (scheme HMACSHA256, e.g. CloudEvents binary mode's ce-type), or take the event type from the payload (jsonPath), which every scheme signs"
+// +kubebuilder:validation:XValidation:rule="(has(self.sender) && self.sender != 'Generic') || has(self.signature.scheme)",message="signature.scheme is required unless spec.sender names a preset (StandardWebhooks, Svix, GitHub, Stripe, EventBridge, CloudEvents) that sets it"
+// +kubebuilder:validation:XValidation:rule="(has(self.sender) && self.sender != 'Generic') || (has(self.eventID) && (has(self.eventID.header) || has(self.eventID.jsonPath) || has(self.eventID.derivedFrom)))",message="eventID: set exactly one of header, jsonPath or derivedFrom (required unless spec.sender names a preset that sets it)"
+// +kubebuilder:validation:XValidation:rule="(has(self.sender) && self.sender != 'Generic') || (has(self.eventType) && (has(self.eventType.header) || has(self.eventType.jsonPath)))",message="eventType: set exactly one of header or jsonPath (required unless spec.sender names a preset that sets it)"
+// +kubebuilder:validation:XValidation:rule="!has(self.sender) || self.sender == 'Generic' || !has(self.signature.scheme)",message="spec.sender sets signature.scheme: leave it unset, or use sender Generic to configure the signature yourself"
+// +kubebuilder:validation:XValidation:rule="!has(self.sender) || !(self.sender in ['StandardWebhooks', 'Svix', 'Stripe', 'GitHub']) || (!has(self.signature.header) && !has(self.signature.prefix) && !has(self.signature.encoding) && !has(self.signature.timestampHeader) && !has(self.signature.signedHeaders))",message="this sender's signature headers and format are fixed by its preset: leave signature.header, prefix, encoding, timestampHeader and signedHeaders unset"
+// +kubebuilder:validation:XValidation:rule="!has(self.sender) || !(self.sender in ['EventBridge', 'CloudEvents']) || (has(self.signature.header) && !has(self.signature.prefix) && !has(self.signature.encoding) && !has(self.signature.timestampHeader) && !has(self.signature.signedHeaders))",message="senders EventBridge and CloudEvents sign nothing: set signature.header to the header carrying the shared credential (e.g. x-api-key, or Authorization for Basic), whose whole value the Secret's key must equal; prefix, encoding, timestampHeader and signedHeaders do not apply"
+// +kubebuilder:validation:XValidation:rule="!has(self.sender) || self.sender != 'GitHub' || (has(self.signature.insecureAllowReplay) && self.signature.insecureAllowReplay)",message="GitHub signs no timestamp, so a captured delivery verifies forever: set signature.insecureAllowReplay: true to accept that (deduplication by event ID, for as long as the event is kept, bounds its effect)"
+// +kubebuilder:validation:XValidation:rule="!has(self.sender) || self.sender in ['Generic', 'GitHub'] || !(has(self.signature.insecureAllowReplay) && self.signature.insecureAllowReplay)",message="insecureAllowReplay only applies to sender GitHub or scheme HMACSHA256 without timestampHeader"
+// +kubebuilder:validation:XValidation:rule="!has(self.sender) || self.sender != 'GitHub' || (has(self.eventID) && (has(self.eventID.jsonPath) || has(self.eventID.derivedFrom)) && has(self.eventType) && has(self.eventType.jsonPath))",message="sender GitHub: set eventID (jsonPath or derivedFrom) and eventType.jsonPath from the payload, e.g. derivedFrom ['.workflow_job.id', '.workflow_job.run_attempt', '.action'] and jsonPath '.action'; GitHub's X-GitHub-Delivery and X-GitHub-Event headers are not signed, so they cannot identify an event"
+// +kubebuilder:validation:XValidation:rule="!has(self.sender) || self.sender != 'CloudEvents' || ((!has(self.eventID) || (!has(self.eventID.header) && !has(self.eventID.jsonPath) && !has(self.eventID.derivedFrom))) && (!has(self.eventType) || (!has(self.eventType.header) && !has(self.eventType.jsonPath))))",message="sender CloudEvents takes the event ID from ce-id within ce-source and the type from ce-type: leave eventID and eventType unset"
+// +kubebuilder:validation:XValidation:rule="!has(self.sender) || !has(self.retention) || !has(self.retention.providerRetryWindow) || duration(self.retention.providerRetryWindow) >= duration(self.sender in ['Stripe', 'GitHub'] ? '72h' : self.sender == 'Svix' ? '28h' : self.sender == 'EventBridge' ? '24h' : '0s')",message="retention.providerRetryWindow is shorter than this sender's documented retry window (Stripe and GitHub redeliveries: 72h, Svix: 28h, EventBridge: 24h), so a late retry would be processed as a new event"
+// +kubebuilder:validation:XValidation:rule="!has(self.eventID) || !has(self.eventID.header) || (has(self.signature.scheme) && ((self.signature.scheme == 'StandardWebhooks' && self.eventID.header.lowerAscii() == 'webhook-id') || self.signature.scheme == 'APIKey' || (self.signature.scheme == 'HMACSHA256' && has(self.signature.signedHeaders) && self.signature.signedHeaders.exists(h, h.lowerAscii() == self.eventID.header.lowerAscii())))) || (has(self.sender) && ((self.sender in ['StandardWebhooks', 'Svix'] && self.eventID.header.lowerAscii() == 'webhook-id') || self.sender == 'EventBridge'))",message="eventID.header is outside the signature: only webhook-id with scheme StandardWebhooks, or a header listed in signature.signedHeaders with scheme HMACSHA256, is signed (webhook-id also with sender StandardWebhooks or Svix; with scheme APIKey or sender EventBridge nothing is signed, so any header is as authentic as the body); otherwise take the event ID from the payload (jsonPath or derivedFrom), which every scheme signs"
+// +kubebuilder:validation:XValidation:rule="!has(self.eventType) || !has(self.eventType.header) || (has(self.signature.scheme) && ((self.signature.scheme == 'StandardWebhooks' && self.eventType.header.lowerAscii() == 'webhook-id') || self.signature.scheme == 'APIKey' || (self.signature.scheme == 'HMACSHA256' && has(self.signature.signedHeaders) && self.signature.signedHeaders.exists(h, h.lowerAscii() == self.eventType.header.lowerAscii())))) || (has(self.sender) && self.sender == 'EventBridge')",message="eventType.header is outside the signature, so a captured delivery could be replayed as another event type: list it in signature.signedHeaders (scheme HMACSHA256, e.g. CloudEvents binary mode's ce-type), or take the event type from the payload (jsonPath), which every scheme signs"
 type WebhookProviderSpec struct {
+	// sender names the kind of sender, whose preset sets what its documentation fixes:
+	// the signature scheme and headers, where the event ID and type are, and the
+	// shortest retention.providerRetryWindow it accepts (docs/design.md §4, "Sender
+	// presets"). Unset or Generic: nothing is preset, and signature.scheme, eventID and
+	// eventType must be given (providers created before this field are Generic).
+	// Fields a preset sets must be left unset, except eventID and eventType where the
+	// preset's default is only a default (StandardWebhooks, Svix, Stripe, EventBridge).
+	// +optional
+	Sender Sender `json:"sender,omitempty"`
+
 	// signature configures authentication of deliveries.
 	// +required
 	Signature SignatureSpec `json:"signature"`
 
 	// eventID says where the delivery's unique event ID is. Deliveries with the same ID
-	// are the same event.
-	// +required
-	EventID EventIDSource `json:"eventID"`
+	// are the same event. Required without a sender preset (or for sender GitHub);
+	// unset for sender CloudEvents.
+	// +optional
+	EventID EventIDSource `json:"eventID,omitempty"`
 
-	// eventType says where the event's type is.
-	// +required
-	EventType FieldSource `json:"eventType"`
+	// eventType says where the event's type is. Required without a sender preset (or
+	// for sender GitHub); unset for sender CloudEvents.
+	// +optional
+	EventType FieldSource `json:"eventType,omitempty"`
 
 	// sequence is the JSON path of a per-sender ordering number, if the sender has one.
 	// It is the default completion version of job completions.
@@ -618,10 +681,11 @@ type DeliveryRejection struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=whp,categories=settlement
-// +kubebuilder:printcolumn:name="Scheme",type=string,JSONPath=`.spec.signature.scheme`
+// +kubebuilder:printcolumn:name="Scheme",type=string,JSONPath=`.spec.signature.scheme`,description="The explicit signature scheme (empty: set by the sender preset)"
 // +kubebuilder:printcolumn:name="Replayable",type=boolean,JSONPath=`.spec.signature.insecureAllowReplay`,description="true: the sender signs no timestamp, so a captured delivery verifies forever (insecureAllowReplay)"
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,description="Why it is (not) ready: the Ready condition's reason"
+// +kubebuilder:printcolumn:name="Sender",type=string,JSONPath=`.spec.sender`,priority=1,description="The sender preset (empty: Generic)"
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpointPath`
 // +kubebuilder:printcolumn:name="Last Rejection",type=string,JSONPath=`.status.lastRejection.reason`,priority=1,description="The latest kind of refused delivery (status.lastRejection)"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

@@ -25,6 +25,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
 	"github.com/settlement-operator/settlement-operator/internal/credentials"
 	"github.com/settlement-operator/settlement-operator/internal/extract"
+	"github.com/settlement-operator/settlement-operator/internal/senders"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/signingkeys"
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
@@ -124,10 +125,12 @@ func (r *Reconciler) interval(reason string) time.Duration {
 // check returns the Ready condition's status, reason and message; err is only for
 // Failures worth a retry (the API server did not answer).
 func (r *Reconciler) check(ctx context.Context, p *hooksv1alpha1.WebhookProvider) (metav1.ConditionStatus, string, string, error) {
-	if _, err := extract.Compile(p.Namespace, p.Name, &p.Spec); err != nil {
+	// What the receiver serves: the spec with its sender preset applied.
+	spec := senders.Apply(&p.Spec)
+	if _, err := extract.Compile(p.Namespace, p.Name, &spec); err != nil {
 		return metav1.ConditionFalse, hooksv1alpha1.ReasonInvalidSpec, err.Error(), nil
 	}
-	cfg := extract.SignatureConfig(&p.Spec.Signature)
+	cfg := extract.SignatureConfig(&spec.Signature)
 	if err := cfg.Validate(); err != nil {
 		return metav1.ConditionFalse, hooksv1alpha1.ReasonInvalidSpec, err.Error(), nil
 	}

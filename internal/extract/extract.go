@@ -318,6 +318,27 @@ func (x *Extractor) Identify(h http.Header, body []byte, doc any) (*Event, error
 	if ev.Type == "" {
 		return nil, invalid("event type is missing (%s)", x.typeSource())
 	}
+	return x.identify(ev, body, doc)
+}
+
+// IdentifyAs is Identify for a delivery whose event ID and type the receiver read
+// from an envelope around the payload (a CloudEvent's attributes): body and doc are
+// the payload routes read (the event's data), and the provider's eventID and
+// eventType sources are not consulted.
+func (x *Extractor) IdentifyAs(id, eventType string, body []byte, doc any) (*Event, error) {
+	switch {
+	case id == "":
+		return nil, invalid("event ID is missing")
+	case len(id) > 512:
+		return nil, invalid("event ID is %d bytes long; at most 512 are accepted", len(id))
+	case eventType == "":
+		return nil, invalid("event type is missing")
+	}
+	return x.identify(&Event{ID: id, Type: eventType}, body, doc)
+}
+
+func (x *Extractor) identify(ev *Event, body []byte, doc any) (*Event, error) {
+	var err error
 	if x.sequence != nil {
 		n, found, err := x.sequence.LookupInt64(doc, nil)
 		if err != nil {
@@ -740,6 +761,11 @@ func checkSignedSources(c *compiler, spec *hooksv1alpha1.WebhookProviderSpec) {
 	scheme := string(spec.Signature.Scheme)
 	covered := func(header string) bool {
 		if id := signature.SignedIDHeader(scheme); id != "" && strings.EqualFold(header, id) {
+			return true
+		}
+		if scheme == signature.SchemeAPIKey {
+			// Nothing is signed: the credential vouches for the whole request, headers
+			// and body alike (decisions.md "Sender presets").
 			return true
 		}
 		if scheme != signature.SchemeHMACSHA256 {

@@ -34,6 +34,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/extract"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/payload"
+	"github.com/settlement-operator/settlement-operator/internal/senders"
 	"github.com/settlement-operator/settlement-operator/internal/signature"
 	"github.com/settlement-operator/settlement-operator/internal/signingkeys"
 )
@@ -215,6 +216,9 @@ type compiled struct {
 	generation int64
 	x          *extract.Extractor
 	sig        signature.Config
+	// cloudEvents: deliveries are CloudEvents (cloudevents.go), identified by their
+	// attributes, and routes read their data.
+	cloudEvents bool
 }
 
 // New builds a Receiver. cache must be backed by informers for WebhookProvider and
@@ -378,9 +382,12 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	if req.Method != http.MethodPost {
 		return answer{code: http.StatusMethodNotAllowed, outcome: OutcomeMethodNotAllowed, message: "only POST is accepted"}
 	}
-	if !isJSON(req.Header.Get("Content-Type")) {
+	if batch := isCloudEventsBatch(req.Header.Get("Content-Type")); batch || !isJSON(req.Header.Get("Content-Type")) {
 		a := answer{code: http.StatusUnsupportedMediaType, outcome: OutcomeUnsupportedType,
 			message: "Content-Type must be application/json", rejected: rejectMediaType}
+		if batch {
+			a.message = batchRefused
+		}
 		// Recorded only for a provider the cache knows (a cached read, no API call).
 		if r.opts.Namespaces == nil || r.opts.Namespaces[ns] {
 			if r.cache.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &hooksv1alpha1.WebhookProvider{}) == nil {
@@ -443,6 +450,12 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	}
 	d.bodyRead = true
 
+	if c.sig.Scheme == signature.SchemeStandardWebhooks {
+		// Svix's svix-* headers are Standard Webhooks' under other names: read them as
+		// webhook-* for the signature and for the event ID alike.
+		req.Header = signature.StandardHeaders(req.Header)
+	}
+
 	// 5. Signature, before any other API or archive call and any shared slot: the
 	// signing Secret's read is the only call an unsigned delivery can cause, and it is
 	// bounded (secrets.go). Its cost is an HMAC over bytes already received.
@@ -472,13 +485,26 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	}
 	defer releaseGlobal()
 
-	// 7. Parse, identify, route.
+	// 7. Parse, identify, route. A CloudEvent is identified by its attributes, and
+	// its data is the payload (stored, hashed and read by routes) in either mode.
+	var ce *cloudEvent
+	if c.cloudEvents {
+		if ce, err = readCloudEvent(req.Header, body); err != nil {
+			return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: err.Error(), rejected: rejectCloudEvent}
+		}
+		body = ce.data
+	}
 	doc, err := payload.Decode(body)
 	if err != nil {
 		return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: "malformed JSON: " + err.Error(),
 			rejected: rejectMalformedJSON}
 	}
-	ev, err := c.x.Identify(req.Header, body, doc)
+	var ev *extract.Event
+	if ce != nil {
+		ev, err = c.x.IdentifyAs(ce.eventID(), ce.eventType, body, doc)
+	} else {
+		ev, err = c.x.Identify(req.Header, body, doc)
+	}
 	if err != nil {
 		return badRequest(err)
 	}
@@ -746,11 +772,12 @@ func (r *Receiver) compiledFor(p *hooksv1alpha1.WebhookProvider) (compiled, erro
 	if ok && c.generation == p.Generation {
 		return c, nil
 	}
-	x, err := extract.Compile(p.Namespace, p.Name, &p.Spec)
+	spec := senders.Apply(&p.Spec)
+	x, err := extract.Compile(p.Namespace, p.Name, &spec)
 	if err != nil {
 		return compiled{}, err
 	}
-	c = compiled{generation: p.Generation, x: x, sig: extract.SignatureConfig(&p.Spec.Signature)}
+	c = compiled{generation: p.Generation, x: x, sig: extract.SignatureConfig(&spec.Signature), cloudEvents: senders.IsCloudEvents(&spec)}
 	if err := c.sig.Validate(); err != nil {
 		return compiled{}, err
 	}

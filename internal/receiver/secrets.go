@@ -113,21 +113,33 @@ func (c *secretCache) get(ctx context.Context, key types.NamespacedName, refresh
 	e.loading, e.tried = done, now
 	c.mu.Unlock()
 
-	secret, err := c.read(ctx, key)
-
+	// The read runs on its own, up to timeout, and is shared: this delivery waits for
+	// it only until its own deadline (the request's, docs/design.md §4 "Time
+	// budget"), so an API server that hangs costs a sender its answer in time, a 503,
+	// never a late one; the read's result still serves the next delivery.
+	go func() {
+		secret, err := c.read(ctx, key)
+		c.mu.Lock()
+		if err != nil {
+			e.err = err
+		} else {
+			e.secret, e.fetched, e.err = secret, now, nil
+		}
+		e.loading = nil
+		close(done)
+		c.mu.Unlock()
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return nil, false, errSecretUnavailable{fmt.Errorf("read signing secret %s: %w", key, ctx.Err())}
+	}
 	c.mu.Lock()
-	if err != nil {
-		e.err = err
-	} else {
-		e.secret, e.fetched, e.err = secret, now, nil
+	defer c.mu.Unlock()
+	if e.err != nil {
+		return nil, false, e.err
 	}
-	e.loading = nil
-	close(done)
-	c.mu.Unlock()
-	if err != nil {
-		return nil, false, err
-	}
-	return secret, true, nil
+	return e.secret, true, nil
 }
 
 // read returns the Secret with only what selecting its keys needs: its name, type and

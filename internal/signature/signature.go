@@ -5,9 +5,10 @@
 // arguments, including the clock, which keeps it table-testable and lets every
 // replica agree on the same decision for the same request.
 //
-// Three schemes are supported: Standard Webhooks (Svix and everyone following
-// standardwebhooks.com), Stripe, and a generic HMAC-SHA256 header used by GitHub,
-// Shopify and many smaller providers. Each scheme accepts several secrets at once so
+// Four schemes are supported: Standard Webhooks (Svix, under svix- or webhook- header
+// names, and everyone following standardwebhooks.com), Stripe, a generic HMAC-SHA256
+// header used by GitHub, Shopify and many smaller providers, and a shared credential in
+// a header (APIKey) for senders that sign nothing (EventBridge API destinations). Each scheme accepts several secrets at once so
 // that keys can be rotated without dropping deliveries.
 package signature
 
@@ -36,6 +37,11 @@ const (
 	// "timestamp.body" when a timestamp header is configured), optionally prefixed,
 	// hex or base64 encoded.
 	SchemeHMACSHA256 = "HMACSHA256"
+	// SchemeAPIKey is no signature: a shared credential (an API key, a "Basic …" or
+	// "Bearer …" value) in a configured header, compared with the key in constant
+	// time. For senders that sign nothing (EventBridge API destinations, most
+	// CloudEvents sources).
+	SchemeAPIKey = "APIKey"
 )
 
 // Encodings of the HMACSHA256 scheme's signature header.
@@ -152,6 +158,14 @@ func (c Config) Validate() error {
 	switch c.Scheme {
 	case SchemeStandardWebhooks, SchemeStripe:
 		return nil
+	case SchemeAPIKey:
+		if c.Header == "" {
+			return fmt.Errorf("%w: scheme %s needs a header name", ErrInvalidConfig, c.Scheme)
+		}
+		if c.Prefix != "" || c.Encoding != "" || c.TimestampHeader != "" {
+			return fmt.Errorf("%w: scheme %s compares a header's whole value: prefix, encoding and timestamp header do not apply", ErrInvalidConfig, c.Scheme)
+		}
+		return nil
 	case SchemeHMACSHA256:
 		if c.Header == "" {
 			return fmt.Errorf("%w: scheme %s needs a header name", ErrInvalidConfig, c.Scheme)
@@ -163,8 +177,8 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: unknown encoding %q (want %s or %s)", ErrInvalidConfig, c.Encoding, EncodingHex, EncodingBase64)
 		}
 	default:
-		return fmt.Errorf("%w: unknown scheme %q (want %s, %s or %s)", ErrInvalidConfig, c.Scheme,
-			SchemeStandardWebhooks, SchemeStripe, SchemeHMACSHA256)
+		return fmt.Errorf("%w: unknown scheme %q (want %s, %s, %s or %s)", ErrInvalidConfig, c.Scheme,
+			SchemeStandardWebhooks, SchemeStripe, SchemeHMACSHA256, SchemeAPIKey)
 	}
 }
 
@@ -216,6 +230,8 @@ func Verify(cfg Config, secrets [][]byte, h http.Header, body []byte, now time.T
 		return verifyStandardWebhooks(cfg, secrets, h, body, now)
 	case SchemeStripe:
 		return verifyStripe(cfg, secrets, h, body, now)
+	case SchemeAPIKey:
+		return verifyAPIKey(cfg, secrets, h, body, now)
 	default:
 		return verifyHMAC(cfg, secrets, h, body, now)
 	}
@@ -240,7 +256,7 @@ func SignWithHeaders(cfg Config, secret []byte, id string, ts time.Time, body []
 	if err != nil {
 		return nil, fmt.Errorf("sign with scheme %s: %w", cfg.Scheme, err)
 	}
-	usesTimestamp := cfg.Scheme != SchemeHMACSHA256 || cfg.TimestampHeader != ""
+	usesTimestamp := (cfg.Scheme != SchemeHMACSHA256 && cfg.Scheme != SchemeAPIKey) || cfg.TimestampHeader != ""
 	if usesTimestamp && ts.Unix() < 0 {
 		return nil, fmt.Errorf("sign with scheme %s: timestamp %s is before 1970", cfg.Scheme, ts.UTC().Format(time.RFC3339))
 	}
@@ -249,6 +265,8 @@ func SignWithHeaders(cfg Config, secret []byte, id string, ts time.Time, body []
 		return signStandardWebhooks(key, id, ts, body)
 	case SchemeStripe:
 		return signStripe(key, ts, body), nil
+	case SchemeAPIKey:
+		return signAPIKey(cfg, key), nil
 	default:
 		return signHMAC(cfg, key, ts, body, headers)
 	}

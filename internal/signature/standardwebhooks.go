@@ -24,6 +24,7 @@ const standardWebhooksSecretPrefix = "whsec_"
 // the tolerance against the caller's clock, and then ask VerifyIgnoringTimestamp
 // once per configured key.
 func verifyStandardWebhooks(cfg Config, secrets [][]byte, h http.Header, body []byte, now time.Time) (Result, error) {
+	h = StandardHeaders(h)
 	id := h.Get(HeaderWebhookID)
 	tsText := h.Get(HeaderWebhookTimestamp)
 	sigText := h.Get(HeaderWebhookSignature)
@@ -66,6 +67,34 @@ func verifyStandardWebhooks(cfg Config, secrets [][]byte, h http.Header, body []
 		}
 	}
 	return Result{}, mismatch(len(secrets))
+}
+
+// Svix sends the Standard Webhooks headers under its own names (svix-id,
+// svix-timestamp, svix-signature; only white-labelled accounts send webhook-*): the
+// same values, signed the same way (docs.svix.com, "Verifying Webhooks Manually").
+const (
+	HeaderSvixID        = "svix-id"
+	HeaderSvixTimestamp = "svix-timestamp"
+	HeaderSvixSignature = "svix-signature"
+)
+
+// StandardHeaders returns h with Svix's header names read as their Standard Webhooks
+// aliases: when h holds none of webhook-id, webhook-timestamp and webhook-signature,
+// a copy with the svix- values under webhook- names; otherwise h itself. The two sets
+// are never mixed, so a request is verified and identified by the same three values.
+// The receiver calls it before both Verify and reading the event ID.
+func StandardHeaders(h http.Header) http.Header {
+	if h.Get(HeaderWebhookID) != "" || h.Get(HeaderWebhookTimestamp) != "" || h.Get(HeaderWebhookSignature) != "" {
+		return h
+	}
+	if h.Get(HeaderSvixID) == "" && h.Get(HeaderSvixTimestamp) == "" && h.Get(HeaderSvixSignature) == "" {
+		return h
+	}
+	c := h.Clone()
+	c.Set(HeaderWebhookID, h.Get(HeaderSvixID))
+	c.Set(HeaderWebhookTimestamp, h.Get(HeaderSvixTimestamp))
+	c.Set(HeaderWebhookSignature, h.Get(HeaderSvixSignature))
+	return c
 }
 
 // hasV1Signature reports whether the space-separated webhook-signature list holds at
