@@ -319,12 +319,17 @@ func (r *Reconciler) prune(ctx context.Context, bp *hooksv1alpha1.BillingProvide
 		return fmt.Errorf("list reports of %s: %w", bp.Name, err)
 	}
 	sort.Slice(l.Items, func(i, j int) bool { return l.Items[i].Spec.WindowEnd.Before(&l.Items[j].Spec.WindowEnd) })
+	var held map[string]bool
 	if n := len(l.Items) - keep; n > 0 {
-		if err := r.confirmBeforePrune(ctx, bp, l.Items[:n], l.Items[n:]); err != nil {
+		var err error
+		if held, err = r.confirmBeforePrune(ctx, bp, l.Items[:n], l.Items[n:]); err != nil {
 			return err
 		}
 	}
 	for i := 0; i < len(l.Items)-keep; i++ {
+		if held[l.Items[i].Name] {
+			continue // a confirmation of it is not kept anywhere else yet
+		}
 		if err := r.Delete(ctx, &l.Items[i]); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("prune report %s: %w", l.Items[i].Name, err)
 		}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/confirmation"
@@ -30,8 +32,12 @@ func (r *Reconciler) reportsOf(ctx context.Context, bp *hooksv1alpha1.BillingPro
 // before it is archived (an archive down for longer than keepReports passes, an
 // --archive-after longer than that), would never be confirmed again and would stay in
 // the cluster for ever. It costs a write only in that case.
+//
+// A report one of whose confirmations could not be marked (the write refused or
+// failed) is not pruned this time: it is returned in held, and tried again at the next
+// pass, so that no confirmation is lost while the settlement waits.
 func (r *Reconciler) confirmBeforePrune(ctx context.Context, bp *hooksv1alpha1.BillingProvider,
-	pruned, kept []hooksv1alpha1.ReconciliationReport) error {
+	pruned, kept []hooksv1alpha1.ReconciliationReport) (held map[string]bool, err error) {
 	type pending struct {
 		version, reason string
 		report          *hooksv1alpha1.ReconciliationReport
@@ -49,12 +55,12 @@ func (r *Reconciler) confirmBeforePrune(ctx context.Context, bp *hooksv1alpha1.B
 		}
 	}
 	if len(byUID) == 0 {
-		return nil
+		return nil, nil
 	}
 	// Read from the cache without copies; only a settlement to be marked is copied.
 	var settlements hooksv1alpha1.BillingSettlementList
 	if err := r.List(ctx, &settlements, client.InNamespace(bp.Namespace), client.UnsafeDisableDeepCopy); err != nil {
-		return fmt.Errorf("list settlements: %w", err)
+		return nil, fmt.Errorf("list settlements: %w", err)
 	}
 	now := r.now()
 	for i := range settlements.Items {
@@ -66,7 +72,15 @@ func (r *Reconciler) confirmBeforePrune(ctx context.Context, bp *hooksv1alpha1.B
 		if _, _, ok := confirmation.Find(kept, bp.UID, bs); ok {
 			continue
 		}
-		r.markOnSettlement(ctx, bs.DeepCopy(), pd.reason, confirmation.Message(pd.reason, bs, pd.report.Name)+", marked as that report was pruned", now)
+		err := r.markOnSettlement(ctx, bs.DeepCopy(), pd.reason, confirmation.Message(pd.reason, bs, pd.report.Name)+", marked as that report was pruned", now)
+		if err != nil && !apierrors.IsNotFound(err) {
+			if held == nil {
+				held = map[string]bool{}
+			}
+			held[pd.report.Name] = true
+			log.FromContext(ctx).Info("report kept past keepReports: a settlement it confirmed could not be marked",
+				"report", pd.report.Name, "settlement", bs.Name, "error", err.Error())
+		}
 	}
-	return nil
+	return held, nil
 }

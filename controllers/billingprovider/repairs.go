@@ -77,12 +77,14 @@ func (r *Reconciler) markCompared(ctx context.Context, p *passState, bs *hooksv1
 }
 
 // markOnSettlement writes Reconciled=True and lastReconciledAt on the settlement.
-func (r *Reconciler) markOnSettlement(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, reason, message string, now time.Time) {
+func (r *Reconciler) markOnSettlement(ctx context.Context, bs *hooksv1alpha1.BillingSettlement, reason, message string, now time.Time) error {
 	base := bs.DeepCopy()
 	t := metav1.NewTime(now)
 	bs.Status.LastReconciledAt = &t
 	conditions.Set(&bs.Status.Conditions, bs.Generation, hooksv1alpha1.ConditionReconciled, metav1.ConditionTrue, reason, conditions.TruncateMessage(message))
 	if _, err := statuspatch.Patch(ctx, r.Client, bs, base, true); err != nil {
 		log.FromContext(ctx).V(1).Info("mark reconciled skipped", "settlement", bs.Name, "error", err.Error())
+		return err
 	}
+	return nil
 }

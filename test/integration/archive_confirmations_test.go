@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -297,6 +298,88 @@ var _ = Describe("confirmations in the report, with the archive on (docs/design.
 			return c.Message
 		}).WithTimeout(30*time.Second).Should(ContainSubstring(rr.Name), "its confirmation is kept on the settlement itself")
 
+		Expect(pg.StartAgain()).To(Succeed())
+		stopped = false
+		gone(ns, bs.Name)
+	})
+
+	It("keeps a report past keepReports while a confirmation of it cannot be marked on its settlement", func() {
+		own, err := fakebilling.Start(fakebilling.Options{Token: billingToken, UsagePrice: 100})
+		Expect(err).NotTo(HaveOccurred())
+		defer func() { _ = own.Close() }()
+		ns := newTenant(hourly, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Endpoint = own.URL()
+			bp.Spec.Reconciliation.KeepReports = 1
+		})
+		bs := settled(ns, "msg-conf-held", "job-conf-held")
+		Expect(pg.Stop()).To(Succeed())
+		stopped := true
+		DeferCleanup(func() {
+			if stopped {
+				Expect(pg.StartAgain()).To(Succeed())
+			}
+		})
+		rr := writeReport(ns, "conf-held", providerUID(ns), time.Now().Add(-time.Minute), version(bs))
+		Expect(own.SetDown(true)).To(Succeed())
+
+		// Every status write of this tenant's settlements refused, as an admission policy
+		// or a webhook of the cluster might.
+		policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "refuse-settlement-status-" + ns},
+			Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+				MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+					RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+						Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+						Rule: admissionregistrationv1.Rule{APIGroups: []string{hooksv1alpha1.GroupVersion.Group},
+							APIVersions: []string{"*"}, Resources: []string{"billingsettlements/status"}}}}}},
+				Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "status writes refused by the test"}},
+			},
+		}
+		binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
+			Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: policy.Name,
+				ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+				MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{
+					MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}}},
+		}
+		Expect(k8s.Create(ctx, policy)).To(Succeed())
+		Expect(k8s.Create(ctx, binding)).To(Succeed())
+		DeferCleanup(func() {
+			_ = client.IgnoreNotFound(k8s.Delete(ctx, binding))
+			_ = client.IgnoreNotFound(k8s.Delete(ctx, policy))
+		})
+		Eventually(func() error {
+			probe := get(bs)
+			base := probe.DeepCopy()
+			probe.Status.ProviderStatus += "-probe"
+			return k8s.Status().Patch(ctx, probe, client.MergeFrom(base), client.DryRunAll)
+		}).WithTimeout(30*time.Second).Should(HaveOccurred(), "the policy refuses status writes")
+
+		var bp hooksv1alpha1.BillingProvider
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fixtures.BillingProviderName}, &bp)).To(Succeed())
+		base := bp.DeepCopy()
+		bp.Spec.Reconciliation.Interval = &metav1.Duration{Duration: 2 * time.Second}
+		Expect(k8s.Patch(ctx, &bp, client.MergeFrom(base))).To(Succeed())
+		Eventually(func() int {
+			var l hooksv1alpha1.ReconciliationReportList
+			Expect(k8s.List(ctx, &l, client.InNamespace(ns))).To(Succeed())
+			return len(l.Items)
+		}).WithTimeout(30*time.Second).Should(BeNumerically(">=", 2), "a pass wrote its own report")
+		Consistently(func() error {
+			return k8s.Get(ctx, client.ObjectKeyFromObject(rr), &hooksv1alpha1.ReconciliationReport{})
+		}).WithTimeout(10*time.Second).Should(Succeed(), "the report stays while its confirmation is kept nowhere else")
+
+		Expect(k8s.Delete(ctx, binding)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(rr), &hooksv1alpha1.ReconciliationReport{}))
+		}).WithTimeout(60*time.Second).Should(BeTrue(), "pruned once the mark is written")
+		Eventually(func() string {
+			c := condition(get(bs).Status.Conditions, hooksv1alpha1.ConditionReconciled)
+			if c == nil || c.Status != metav1.ConditionTrue {
+				return ""
+			}
+			return c.Message
+		}).WithTimeout(30*time.Second).Should(ContainSubstring(rr.Name), "its confirmation is kept on the settlement itself")
 		Expect(pg.StartAgain()).To(Succeed())
 		stopped = false
 		gone(ns, bs.Name)
