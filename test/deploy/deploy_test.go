@@ -318,6 +318,18 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 			}).Should(Equal(hooksv1alpha1.EventComplete))
 			Expect(billing.Charges(key)).To(Equal(1))
 		}
+		// The leader's reconciliation pass writes its report as the manager: the
+		// record-protection policy leaves reports to it alone (created, then its status).
+		Eventually(func() hooksv1alpha1.ReportPhase {
+			var l hooksv1alpha1.ReconciliationReportList
+			Expect(k8s.List(ctx, &l, client.InNamespace(ns), client.MatchingLabels{hooksv1alpha1.LabelBillingProvider: "billing"})).To(Succeed())
+			for _, rr := range l.Items {
+				if rr.Status.Phase != "" {
+					return rr.Status.Phase
+				}
+			}
+			return ""
+		}).Should(Equal(hooksv1alpha1.ReportCompleted))
 		// The receiver recorded the conflicting reuse as a Warning event (events.k8s.io).
 		Eventually(func() []string {
 			var evs eventsv1.EventList
@@ -673,6 +685,80 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		var got hooksv1alpha1.BillingSettlementList
 		Expect(k8s.List(ctx, &got, client.InNamespace(ns))).To(Succeed())
 		Expect(got.Items).To(HaveLen(3))
+	})
+
+	It("lets only the manager write ReconciliationReports: a hand-written confirmation would have a settlement archived and deleted", func() {
+		const ns, adminUser = "audited", "audited-admin@example.com"
+		namespaceController := "system:serviceaccount:kube-system:namespace-controller"
+		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		// Every verb on every hooks.settlement.dev resource of the namespace, reports and
+		// their status included: what stands between them and a confirmation is the policy.
+		nsAdmin := namespaceAdmin(ns, adminUser)
+		Expect(kubectl(nsAdmin, "auth", "can-i", "patch", "reconciliationreports", "--subresource=status", "-n", ns)).To(Equal("yes\n"))
+		asNamespaceController := filepath.Join(workDir, "namespace-controller.kubeconfig")
+		Expect(testenv.WriteKubeconfig(asNamespaceController, cfg, "namespace-controller", namespaceController)).To(Succeed())
+
+		writeReport := func(name string) string {
+			GinkgoHelper()
+			rr := hooksv1alpha1.ReconciliationReport{
+				TypeMeta: metav1.TypeMeta{APIVersion: hooksv1alpha1.GroupVersion.String(), Kind: "ReconciliationReport"},
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name,
+					Labels: map[string]string{hooksv1alpha1.LabelBillingProvider: "billing"}},
+				Spec: hooksv1alpha1.ReconciliationReportSpec{BillingProviderRef: "billing",
+					WindowStart: metav1.NewTime(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)),
+					WindowEnd:   metav1.NewTime(time.Date(2026, 12, 1, 0, 10, 0, 0, time.UTC))},
+			}
+			path := filepath.Join(workDir, name+".json")
+			Expect(os.WriteFile(path, must(json.Marshal(rr)), 0o600)).To(Succeed())
+			return path
+		}
+		kept := "billing-20261201t001000z"
+		keptFile := writeReport(kept)
+		// The manager's pass creates its report and writes its status (as the manager's
+		// pass does: create, then one status patch).
+		kubectl(managerKubeconfig(), "create", "-f", keptFile)
+		kubectl(managerKubeconfig(), "patch", "-n", ns, "rr", kept, "--subresource=status", "--type=merge",
+			"-p", `{"status":{"phase":"Completed"}}`)
+
+		// A confirmation of a settlement the provider never recorded: the archiver would
+		// archive it as Reconciled and delete it from the cluster.
+		forged := `{"status":{"confirmed":{"billingProviderUID":"0b7c2c4e-0000-4000-8000-000000000001",` +
+			`"byReason":[{"reason":"ConfirmedByProvider","settlements":["0b7c2c4e-0000-4000-8000-000000000002/42"]}]}}}`
+		other := writeReport("billing-20261201t002000z")
+		const (
+			whyStatus = "the status of a ReconciliationReport is written only by the settlement-operator"
+			whyCreate = "ReconciliationReports are created only by the settlement-operator"
+			whyChange = "a ReconciliationReport is changed only by the settlement-operator"
+			whyDelete = "ReconciliationReports are deleted only by the settlement-operator"
+		)
+		for _, kc := range []string{nsAdmin, adminKC} {
+			refused(kc, whyStatus, "patch", "-n", ns, "rr", kept, "--subresource=status", "--type=merge", "-p", forged)
+			refused(kc, whyCreate, "create", "-f", other)
+			refused(kc, whyChange, "label", "-n", ns, "rr", kept, hooksv1alpha1.LabelBillingProvider+"=other", "--overwrite")
+			refused(kc, whyChange, "annotate", "-n", ns, "rr", kept, "hooks.settlement.dev/replay=1")
+			refused(kc, whyDelete, "delete", "-n", ns, "rr", kept)
+		}
+		// The message says who is refused and where to read on.
+		refused(nsAdmin, "("+adminUser+")", "create", "-f", other)
+		refused(nsAdmin, "docs/runbook.md", "patch", "-n", ns, "rr", kept, "--subresource=status", "--type=merge", "-p", forged)
+		var rr hooksv1alpha1.ReconciliationReport
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: kept}, &rr)).To(Succeed())
+		Expect(rr.Status.Confirmed).To(BeNil(), "no confirmation was written")
+		Expect(rr.Labels).To(HaveKeyWithValue(hooksv1alpha1.LabelBillingProvider, "billing"))
+
+		// The manager writes confirmations and prunes reports.
+		kubectl(managerKubeconfig(), "patch", "-n", ns, "rr", kept, "--subresource=status", "--type=merge", "-p", forged)
+		kubectl(managerKubeconfig(), "create", "-f", other)
+		kubectl(managerKubeconfig(), "delete", "-n", ns, "rr", "billing-20261201t002000z")
+
+		// In a namespace being deleted its reports go with it, as the other records do
+		// (envtest runs no namespace controller: the suite deletes as it would).
+		refused(asNamespaceController, whyDelete, "delete", "-n", ns, "rr", kept)
+		Expect(k8s.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		kubectl(asNamespaceController, "delete", "-n", ns, "reconciliationreports", "--all", "--wait=false")
+		var left hooksv1alpha1.ReconciliationReportList
+		Expect(k8s.List(ctx, &left, client.InNamespace(ns))).To(Succeed())
+		Expect(left.Items).To(BeEmpty())
 	})
 
 	It("lets a listed compensator refund a settled charge with kubectl settlement refund, and the manager sends it", func() {
