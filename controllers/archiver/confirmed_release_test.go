@@ -10,7 +10,6 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/confirmation"
@@ -63,33 +62,12 @@ func TestReleaseOfAReportConfirmedSettlementRacedByTheFinalizer(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var mu sync.Mutex
-	released := map[string]int{}
 	am := newManager(t, ns)
 	r := &Reconciler{Client: am.GetClient(), Archive: store, Watermark: keeper, After: time.Nanosecond,
 		Recorder: am.GetEventRecorder(ControllerName)}
-	r.at = func(m moment, obj client.Object) {
-		if m != momentReleased {
-			return
-		}
-		mu.Lock()
-		released[obj.GetName()]++
-		first := released[obj.GetName()] == 1
-		mu.Unlock()
-		if !first {
-			return
-		}
-		var bs hooksv1alpha1.BillingSettlement
-		if err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), &bs); err != nil {
-			t.Errorf("get %s: %v", obj.GetName(), err)
-			return
-		}
-		patch := client.MergeFrom(bs.DeepCopy())
-		controllerutil.AddFinalizer(&bs, hooksv1alpha1.FinalizerSettlementProtection)
-		if err := k8s.Patch(ctx, &bs, patch); err != nil {
-			t.Errorf("put the finalizer back on %s: %v", obj.GetName(), err)
-		}
-	}
+	var released map[string]int
+	var mu *sync.Mutex
+	r.at, released, mu = finalizerBackOnFirstRelease(t)
 	if err := r.SetupWithManager(am); err != nil {
 		t.Fatal(err)
 	}

@@ -256,33 +256,12 @@ func TestReleaseRacedByTheFinalizerComingBack(t *testing.T) {
 	_, store, _ := newDatabase(t)
 	_, _, bss := finishedRecords(t, ns, n)
 	keeper, _ := newWatermark(t, store, k8s)
-	var mu sync.Mutex
-	released := map[string]int{}
 	am := newManager(t, ns)
 	r := &Reconciler{Client: am.GetClient(), Archive: store, Watermark: keeper, After: time.Nanosecond,
 		Recorder: am.GetEventRecorder(ControllerName)}
-	r.at = func(m moment, obj client.Object) {
-		if m != momentReleased {
-			return
-		}
-		mu.Lock()
-		released[obj.GetName()]++
-		first := released[obj.GetName()] == 1
-		mu.Unlock()
-		if !first {
-			return
-		}
-		var bs hooksv1alpha1.BillingSettlement
-		if err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), &bs); err != nil {
-			t.Errorf("get %s: %v", obj.GetName(), err)
-			return
-		}
-		patch := client.MergeFrom(bs.DeepCopy())
-		controllerutil.AddFinalizer(&bs, hooksv1alpha1.FinalizerSettlementProtection)
-		if err := k8s.Patch(ctx, &bs, patch); err != nil {
-			t.Errorf("put the finalizer back on %s: %v", obj.GetName(), err)
-		}
-	}
+	var released map[string]int
+	var mu *sync.Mutex
+	r.at, released, mu = finalizerBackOnFirstRelease(t)
 	if err := r.SetupWithManager(am); err != nil {
 		t.Fatal(err)
 	}
@@ -315,4 +294,35 @@ func TestReleaseRacedByTheFinalizerComingBack(t *testing.T) {
 	if got := writes["billingsettlements/status PATCH"]; got != 0 {
 		t.Errorf("%g status writes, want none", got)
 	}
+}
+
+// finalizerBackOnFirstRelease is an archiver hook that puts the protection finalizer
+// back on each settlement right after the archiver's first release of it, as the
+// settlement controller may, and counts the releases per settlement (read under mu).
+func finalizerBackOnFirstRelease(t *testing.T) (func(moment, client.Object), map[string]int, *sync.Mutex) {
+	ctx := context.Background()
+	mu := &sync.Mutex{}
+	released := map[string]int{}
+	return func(m moment, obj client.Object) {
+		if m != momentReleased {
+			return
+		}
+		mu.Lock()
+		released[obj.GetName()]++
+		first := released[obj.GetName()] == 1
+		mu.Unlock()
+		if !first {
+			return
+		}
+		var bs hooksv1alpha1.BillingSettlement
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), &bs); err != nil {
+			t.Errorf("get %s: %v", obj.GetName(), err)
+			return
+		}
+		patch := client.MergeFrom(bs.DeepCopy())
+		controllerutil.AddFinalizer(&bs, hooksv1alpha1.FinalizerSettlementProtection)
+		if err := k8s.Patch(ctx, &bs, patch); err != nil {
+			t.Errorf("put the finalizer back on %s: %v", obj.GetName(), err)
+		}
+	}, released, mu
 }

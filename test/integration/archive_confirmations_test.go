@@ -105,6 +105,45 @@ var _ = Describe("confirmations in the report, with the archive on (docs/design.
 		bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{Interval: &metav1.Duration{Duration: time.Hour}}
 	}
 
+	// pendingInAReport is a tenant of its own keeping one report, whose settled charge
+	// is confirmed only by a report written as a pass does, with the archive down (the
+	// confirmation waits in the report) and the tenant's provider down (its passes
+	// confirm nothing); archiveUp starts the archive again.
+	pendingInAReport := func(msgID, jobID, report string) (string, *hooksv1alpha1.BillingSettlement, *hooksv1alpha1.ReconciliationReport, func()) {
+		GinkgoHelper()
+		own, err := fakebilling.Start(fakebilling.Options{Token: billingToken, UsagePrice: 100})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { _ = own.Close() })
+		ns := newTenant(hourly, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Endpoint = own.URL()
+			bp.Spec.Reconciliation.KeepReports = 1
+		})
+		bs := settled(ns, msgID, jobID)
+		Expect(pg.Stop()).To(Succeed())
+		stopped := true
+		DeferCleanup(func() {
+			if stopped {
+				Expect(pg.StartAgain()).To(Succeed())
+			}
+		})
+		rr := writeReport(ns, report, providerUID(ns), time.Now().Add(-time.Minute), version(bs))
+		Expect(own.SetDown(true)).To(Succeed())
+		return ns, bs, rr, func() {
+			GinkgoHelper()
+			Expect(pg.StartAgain()).To(Succeed())
+			stopped = false
+		}
+	}
+	// shortenPasses has the tenant's provider pass every 2 s (it keeps one report: its own).
+	shortenPasses := func(ns string) {
+		GinkgoHelper()
+		var bp hooksv1alpha1.BillingProvider
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fixtures.BillingProviderName}, &bp)).To(Succeed())
+		base := bp.DeepCopy()
+		bp.Spec.Reconciliation.Interval = &metav1.Duration{Duration: 2 * time.Second}
+		Expect(k8s.Patch(ctx, &bp, client.MergeFrom(base))).To(Succeed())
+	}
+
 	It("writes no settlement for a pass's confirmations, and archives every settlement confirmed", func() {
 		ns := newTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
 			bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{
@@ -262,31 +301,8 @@ var _ = Describe("confirmations in the report, with the archive on (docs/design.
 	})
 
 	It("marks a settlement itself when the report confirming it is pruned before it was archived", func() {
-		// A provider of its own, to be taken down: the pass that prunes confirms nothing.
-		own, err := fakebilling.Start(fakebilling.Options{Token: billingToken, UsagePrice: 100})
-		Expect(err).NotTo(HaveOccurred())
-		defer func() { _ = own.Close() }()
-		ns := newTenant(hourly, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
-			bp.Spec.Endpoint = own.URL()
-			bp.Spec.Reconciliation.KeepReports = 1
-		})
-		bs := settled(ns, "msg-conf-prune", "job-conf-prune")
-		// The archive down, the confirmation waits in the report.
-		Expect(pg.Stop()).To(Succeed())
-		stopped := true
-		DeferCleanup(func() {
-			if stopped {
-				Expect(pg.StartAgain()).To(Succeed())
-			}
-		})
-		rr := writeReport(ns, "conf-to-prune", providerUID(ns), time.Now().Add(-time.Minute), version(bs))
-		Expect(own.SetDown(true)).To(Succeed())
-		// A pass now (the interval shortened): it keeps one report, its own.
-		var bp hooksv1alpha1.BillingProvider
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fixtures.BillingProviderName}, &bp)).To(Succeed())
-		base := bp.DeepCopy()
-		bp.Spec.Reconciliation.Interval = &metav1.Duration{Duration: 2 * time.Second}
-		Expect(k8s.Patch(ctx, &bp, client.MergeFrom(base))).To(Succeed())
+		ns, bs, rr, archiveUp := pendingInAReport("msg-conf-prune", "job-conf-prune", "conf-to-prune")
+		shortenPasses(ns)
 		Eventually(func() bool {
 			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(rr), &hooksv1alpha1.ReconciliationReport{}))
 		}).WithTimeout(30*time.Second).Should(BeTrue(), "the report is pruned")
@@ -298,29 +314,12 @@ var _ = Describe("confirmations in the report, with the archive on (docs/design.
 			return c.Message
 		}).WithTimeout(30*time.Second).Should(ContainSubstring(rr.Name), "its confirmation is kept on the settlement itself")
 
-		Expect(pg.StartAgain()).To(Succeed())
-		stopped = false
+		archiveUp()
 		gone(ns, bs.Name)
 	})
 
 	It("keeps a report past keepReports while a confirmation of it cannot be marked on its settlement", func() {
-		own, err := fakebilling.Start(fakebilling.Options{Token: billingToken, UsagePrice: 100})
-		Expect(err).NotTo(HaveOccurred())
-		defer func() { _ = own.Close() }()
-		ns := newTenant(hourly, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
-			bp.Spec.Endpoint = own.URL()
-			bp.Spec.Reconciliation.KeepReports = 1
-		})
-		bs := settled(ns, "msg-conf-held", "job-conf-held")
-		Expect(pg.Stop()).To(Succeed())
-		stopped := true
-		DeferCleanup(func() {
-			if stopped {
-				Expect(pg.StartAgain()).To(Succeed())
-			}
-		})
-		rr := writeReport(ns, "conf-held", providerUID(ns), time.Now().Add(-time.Minute), version(bs))
-		Expect(own.SetDown(true)).To(Succeed())
+		ns, bs, rr, archiveUp := pendingInAReport("msg-conf-held", "job-conf-held", "conf-held")
 
 		// Every status write of this tenant's settlements refused, as an admission policy
 		// or a webhook of the cluster might.
@@ -355,11 +354,7 @@ var _ = Describe("confirmations in the report, with the archive on (docs/design.
 			return k8s.Status().Patch(ctx, probe, client.MergeFrom(base), client.DryRunAll)
 		}).WithTimeout(30*time.Second).Should(HaveOccurred(), "the policy refuses status writes")
 
-		var bp hooksv1alpha1.BillingProvider
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fixtures.BillingProviderName}, &bp)).To(Succeed())
-		base := bp.DeepCopy()
-		bp.Spec.Reconciliation.Interval = &metav1.Duration{Duration: 2 * time.Second}
-		Expect(k8s.Patch(ctx, &bp, client.MergeFrom(base))).To(Succeed())
+		shortenPasses(ns)
 		Eventually(func() int {
 			var l hooksv1alpha1.ReconciliationReportList
 			Expect(k8s.List(ctx, &l, client.InNamespace(ns))).To(Succeed())
@@ -380,8 +375,7 @@ var _ = Describe("confirmations in the report, with the archive on (docs/design.
 			}
 			return c.Message
 		}).WithTimeout(30*time.Second).Should(ContainSubstring(rr.Name), "its confirmation is kept on the settlement itself")
-		Expect(pg.StartAgain()).To(Succeed())
-		stopped = false
+		archiveUp()
 		gone(ns, bs.Name)
 	})
 })
