@@ -380,10 +380,12 @@ type RouteOperation struct {
 	// Expression environment (CEL):
 	// - payload: the JSON body, a map (numbers are int when integral, else double).
 	// - item: the current item, for a forEach operation only.
-	// - jobState(string) -> string: a job state normalised as the JobCompletion state
-	// field reads it: "success", "completed", "Succeeded" give "Succeeded"; "error",
-	// "failure", "Failed" give "Failed"; "canceled", "Cancelled" give "Cancelled"; any
-	// other value is an evaluation error.
+	// - jobState(string) -> string: a job state read as the JobCompletion state field
+	// reads it, through spec.states: "success", "completed", "Succeeded" give
+	// "Succeeded"; "error", "failure", "Failed" give "Failed"; "canceled", "Cancelled"
+	// give "Cancelled"; a state spec.states maps gives its meaning (possibly
+	// "Ignored"). An unmapped state does not produce the operation (the event shows
+	// it as UnmappedState); it is not an evaluation error.
 	//
 	// The expression must have type bool (compare a field explicitly, e.g.
 	// payload.data.charge == true). It is compiled when the provider is reconciled: an
@@ -392,8 +394,7 @@ type RouteOperation struct {
 	// one delivery may cost at most 1,000,000 CEL cost units together: enough to look
 	// through thousands of items, not for work that grows with the square of the
 	// payload. A delivery that
-	// cannot be evaluated (a missing key, a wrong type, an unknown state, the cost
-	// limit) is answered 400 naming this field, unless it is a redelivery of an event
+	// cannot be evaluated (a missing key, a wrong type, the cost limit) is answered 400 naming this field, unless it is a redelivery of an event
 	// already stored (then "duplicate", as always).
 	//
 	// Examples:
@@ -428,10 +429,12 @@ type Route struct {
 	//
 	// Expression environment (CEL):
 	// - payload: the JSON body, a map (numbers are int when integral, else double).
-	// - jobState(string) -> string: a job state normalised as the JobCompletion state
-	// field reads it: "success", "completed", "Succeeded" give "Succeeded"; "error",
-	// "failure", "Failed" give "Failed"; "canceled", "Cancelled" give "Cancelled"; any
-	// other value is an evaluation error.
+	// - jobState(string) -> string: a job state read as the JobCompletion state field
+	// reads it, through spec.states: "success", "completed", "Succeeded" give
+	// "Succeeded"; "error", "failure", "Failed" give "Failed"; "canceled", "Cancelled"
+	// give "Cancelled"; a state spec.states maps gives its meaning (possibly
+	// "Ignored"). An unmapped state does not produce the operation (the event shows
+	// it as UnmappedState); it is not an evaluation error.
 	//
 	// The expression must have type bool (compare a field explicitly, e.g.
 	// payload.data.charge == true). It is compiled when the provider is reconciled: an
@@ -440,8 +443,7 @@ type Route struct {
 	// one delivery may cost at most 1,000,000 CEL cost units together: enough to look
 	// through thousands of items, not for work that grows with the square of the
 	// payload. A delivery that
-	// cannot be evaluated (a missing key, a wrong type, an unknown state, the cost
-	// limit) is answered 400 naming this field, unless it is a redelivery of an event
+	// cannot be evaluated (a missing key, a wrong type, the cost limit) is answered 400 naming this field, unless it is a redelivery of an event
 	// already stored (then "duplicate", as always).
 	//
 	// Examples:

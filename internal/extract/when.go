@@ -130,10 +130,10 @@ func (c *compiler) when(field, text string, withItem bool) *condition {
 // spent is the delivery's cost so far, to which this evaluation's cost is added: the
 // limit bounds all the conditions of one delivery together, so that a forEach
 // condition over each of many items cannot add up to quadratic work either. Every
-// failure (a missing key, a wrong type, an unknown job state, the cost limit) is an
+// failure (a missing key, a wrong type, the cost limit) is an
 // ErrInvalidEvent naming the field: the payload does not fit the route's condition.
 // The message names the field and cel-go's error, which names keys and types, not
-// payload values (jobState quotes the state, as ParseJobState does).
+// payload values. A jobState() of an unmapped state is an *UnmappedError instead.
 func (w *condition) holds(doc, item any, spent *uint64) (bool, error) {
 	vars := map[string]any{"payload": doc}
 	if w.withItem {
