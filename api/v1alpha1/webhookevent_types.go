@@ -28,7 +28,7 @@ const (
 )
 
 // OperationOutcome is what happened to one operation of an event.
-// +kubebuilder:validation:Enum=Pending;Created;Linked;Superseded;Conflict;Failed
+// +kubebuilder:validation:Enum=Pending;Created;Linked;Superseded;Conflict;Failed;Unmapped
 type OperationOutcome string
 
 const (
@@ -45,6 +45,9 @@ const (
 	OutcomeConflict OperationOutcome = "Conflict"
 	// OutcomeFailed: the child could not be created (e.g. invalid extracted fields).
 	OutcomeFailed OperationOutcome = "Failed"
+	// OutcomeUnmapped: the job's state is not in the provider's spec.states nor one
+	// the operator knows; nothing was created for the job (docs/design.md §5).
+	OutcomeUnmapped OperationOutcome = "Unmapped"
 )
 
 // Condition types of WebhookEvent.
@@ -66,6 +69,9 @@ const (
 	ReasonOperationFailed      = "OperationFailed"
 	ReasonOperationAmbiguous   = "OperationAmbiguous"
 	ReasonRetentionExpired     = "RetentionExpired"
+	// ReasonUnmappedState: a job completion's state is not mapped (spec.states of the
+	// WebhookProvider); the condition's message names the state.
+	ReasonUnmappedState = "UnmappedState"
 )
 
 // JobCompletionFacts is one job completion extracted from a payload at receipt.
@@ -97,6 +103,22 @@ type JobCompletionFacts struct {
 	// later route edit does not change what an accepted event does.
 	// +optional
 	Sink *JobSink `json:"sink,omitempty"`
+}
+
+// UnmappedJobState is a job completion the receiver could not map: its state is not in
+// the provider's spec.states nor one the operator knows. Nothing is created for it.
+type UnmappedJobState struct {
+	// jobID is the job's ID at the sender; empty when the state was read by a when
+	// condition (jobState()) rather than by a JobCompletion operation.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	JobID string `json:"jobID,omitempty"`
+
+	// state as the sender wrote it.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	State string `json:"state"`
 }
 
 // SettlementFacts is one charge extracted from a payload at receipt.
@@ -190,6 +212,14 @@ type WebhookEventSpec struct {
 	// +kubebuilder:validation:MaxItems=64
 	// +listType=atomic
 	JobCompletions []JobCompletionFacts `json:"jobCompletions,omitempty"`
+
+	// unmappedJobStates are the job completions of the payload whose state the
+	// provider does not map (spec.states): stored so the event shows them, never
+	// dispatched.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=atomic
+	UnmappedJobStates []UnmappedJobState `json:"unmappedJobStates,omitempty"`
 
 	// settlements extracted from the payload by the route.
 	// +optional

@@ -286,8 +286,9 @@ type JobCompletionMapping struct {
 	// +kubebuilder:validation:MaxLength=256
 	CompletionVersion string `json:"completionVersion,omitempty"`
 
-	// state is the JSON path of the job's result (Succeeded, Failed or Cancelled, case
-	// insensitive). When unset the job is taken as Succeeded.
+	// state is the JSON path of the job's result, read through spec.states (and, for a
+	// state not listed there, as Succeeded, Failed or Cancelled, case insensitive, or a
+	// common spelling of one). When unset the job is taken as Succeeded.
 	// +optional
 	// +kubebuilder:validation:MaxLength=256
 	State string `json:"state,omitempty"`
@@ -379,10 +380,12 @@ type RouteOperation struct {
 	// Expression environment (CEL):
 	// - payload: the JSON body, a map (numbers are int when integral, else double).
 	// - item: the current item, for a forEach operation only.
-	// - jobState(string) -> string: a job state normalised as the JobCompletion state
-	// field reads it: "success", "completed", "Succeeded" give "Succeeded"; "error",
-	// "failure", "Failed" give "Failed"; "canceled", "Cancelled" give "Cancelled"; any
-	// other value is an evaluation error.
+	// - jobState(string) -> string: a job state read as the JobCompletion state field
+	// reads it, through spec.states: "success", "completed", "Succeeded" give
+	// "Succeeded"; "error", "failure", "Failed" give "Failed"; "canceled", "Cancelled"
+	// give "Cancelled"; a state spec.states maps gives its meaning (possibly
+	// "Ignored"). An unmapped state does not produce the operation (the event shows
+	// it as UnmappedState); it is not an evaluation error.
 	//
 	// The expression must have type bool (compare a field explicitly, e.g.
 	// payload.data.charge == true). It is compiled when the provider is reconciled: an
@@ -391,8 +394,7 @@ type RouteOperation struct {
 	// one delivery may cost at most 1,000,000 CEL cost units together: enough to look
 	// through thousands of items, not for work that grows with the square of the
 	// payload. A delivery that
-	// cannot be evaluated (a missing key, a wrong type, an unknown state, the cost
-	// limit) is answered 400 naming this field, unless it is a redelivery of an event
+	// cannot be evaluated (a missing key, a wrong type, the cost limit) is answered 400 naming this field, unless it is a redelivery of an event
 	// already stored (then "duplicate", as always).
 	//
 	// Examples:
@@ -427,10 +429,12 @@ type Route struct {
 	//
 	// Expression environment (CEL):
 	// - payload: the JSON body, a map (numbers are int when integral, else double).
-	// - jobState(string) -> string: a job state normalised as the JobCompletion state
-	// field reads it: "success", "completed", "Succeeded" give "Succeeded"; "error",
-	// "failure", "Failed" give "Failed"; "canceled", "Cancelled" give "Cancelled"; any
-	// other value is an evaluation error.
+	// - jobState(string) -> string: a job state read as the JobCompletion state field
+	// reads it, through spec.states: "success", "completed", "Succeeded" give
+	// "Succeeded"; "error", "failure", "Failed" give "Failed"; "canceled", "Cancelled"
+	// give "Cancelled"; a state spec.states maps gives its meaning (possibly
+	// "Ignored"). An unmapped state does not produce the operation (the event shows
+	// it as UnmappedState); it is not an evaluation error.
 	//
 	// The expression must have type bool (compare a field explicitly, e.g.
 	// payload.data.charge == true). It is compiled when the provider is reconciled: an
@@ -439,8 +443,7 @@ type Route struct {
 	// one delivery may cost at most 1,000,000 CEL cost units together: enough to look
 	// through thousands of items, not for work that grows with the square of the
 	// payload. A delivery that
-	// cannot be evaluated (a missing key, a wrong type, an unknown state, the cost
-	// limit) is answered 400 naming this field, unless it is a redelivery of an event
+	// cannot be evaluated (a missing key, a wrong type, the cost limit) is answered 400 naming this field, unless it is a redelivery of an event
 	// already stored (then "duplicate", as always).
 	//
 	// Examples:
@@ -563,6 +566,43 @@ type WebhookProviderSpec struct {
 	// +optional
 	// +kubebuilder:default={events:"168h",providerRetryWindow:"72h"}
 	Retention *RetentionSpec `json:"retention,omitempty"`
+
+	// states maps the job states this sender writes (at every JobCompletion
+	// operation's jobCompletion.state, and in jobState() of when conditions) to what
+	// they mean here: Succeeded, Failed, Cancelled, or Ignored (acknowledged, nothing
+	// created, no job completion and no charge). States are compared ignoring case and
+	// surrounding space. A state not listed is read as before this field existed
+	// (Succeeded, Failed, Cancelled and their common spellings: success, completed,
+	// failure, error, canceled...); any other is unmapped: the delivery is accepted
+	// (200) and stored, nothing is created or charged for that job, and the event shows
+	// outcome Unmapped with reason UnmappedState naming the state (docs/design.md §5,
+	// "Job states"). Sender GitHub defaults it to GitHub's conclusions when unset.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.all(m, self.filter(x, x.state.lowerAscii().trim() == m.state.lowerAscii().trim()).size() == 1)",message="states lists a state twice (states are compared ignoring case and surrounding space)"
+	// +listType=map
+	// +listMapKey=state
+	States []JobStateMapping `json:"states,omitempty"`
+}
+
+// JobStateMeaning is what a sender's job state means here.
+// +kubebuilder:validation:Enum=Succeeded;Failed;Cancelled;Ignored
+type JobStateMeaning string
+
+// JobStateIgnored: the delivery is acknowledged and nothing is created for the job.
+const JobStateIgnored JobStateMeaning = "Ignored"
+
+// JobStateMapping maps one job state a sender writes to its meaning.
+type JobStateMapping struct {
+	// state as the sender writes it, e.g. "timed_out" (GitHub) or "TIMED_OUT" (RunPod).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	State string `json:"state"`
+
+	// as is its meaning: Succeeded, Failed, Cancelled, or Ignored.
+	// +required
+	As JobStateMeaning `json:"as"`
 }
 
 // WebhookProviderStatus reports whether the provider can receive.

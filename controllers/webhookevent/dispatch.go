@@ -76,6 +76,7 @@ func (r *Reconciler) dispatch(ctx context.Context, ev *hooksv1alpha1.WebhookEven
 		errs = append(errs, err)
 		ops = append(ops, withError(op, err))
 	}
+	ops = append(ops, unmappedOperations(ev)...)
 	ev.Status.Operations = ops
 	for _, err := range errs {
 		if err != nil {
@@ -480,4 +481,23 @@ func sameOperation(a, b string) bool {
 		return key
 	}
 	return a == b || legacy(a) == legacy(b) && (a == legacy(a) || b == legacy(b))
+}
+
+// unmappedOperations records the job completions whose state the provider does not map
+// (docs/design.md §5, "Job states"): nothing was created or charged for them, and the
+// outcome says what to do. The message names the state, never the payload.
+func unmappedOperations(ev *hooksv1alpha1.WebhookEvent) []hooksv1alpha1.OperationStatus {
+	var ops []hooksv1alpha1.OperationStatus
+	for _, u := range ev.Spec.UnmappedJobStates {
+		what := fmt.Sprintf("job %s", u.JobID)
+		if u.JobID == "" {
+			what = "a when condition's jobState()"
+		}
+		ops = append(ops, hooksv1alpha1.OperationStatus{Type: hooksv1alpha1.OperationJobCompletion, Key: u.JobID,
+			Outcome: hooksv1alpha1.OutcomeUnmapped, State: hooksv1alpha1.ReasonUnmappedState,
+			Message: fmt.Sprintf("%s: job state %q is not in WebhookProvider %s's spec.states; nothing was created or charged for it. "+
+				"Add the state to spec.states, then have the sender redeliver the event (docs/runbook.md, UnmappedState)",
+				what, u.State, ev.Spec.Provider)})
+	}
+	return ops
 }

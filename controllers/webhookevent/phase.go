@@ -2,6 +2,7 @@ package webhookevent
 
 import (
 	"fmt"
+	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -25,7 +26,7 @@ func operationHealth(op hooksv1alpha1.OperationStatus) health {
 		return healthGood
 	case hooksv1alpha1.OutcomeConflict:
 		return healthAmbiguous
-	case hooksv1alpha1.OutcomeFailed:
+	case hooksv1alpha1.OutcomeFailed, hooksv1alpha1.OutcomeUnmapped:
 		return healthFailing
 	case hooksv1alpha1.OutcomePending:
 		return healthProgressing
@@ -110,6 +111,12 @@ func derivePhase(ev *hooksv1alpha1.WebhookEvent) {
 			hooksv1alpha1.ReasonOperationAmbiguous, "an operation conflicts or its outcome needs reconciliation; see status.operations")
 	case healthFailing:
 		ev.Status.Phase = hooksv1alpha1.EventPartiallyFailed
+		if states := unmappedStates(ev); states != "" {
+			conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
+				hooksv1alpha1.ReasonUnmappedState, fmt.Sprintf("job state(s) %s not mapped by the WebhookProvider's spec.states: "+
+					"nothing was created or charged for those jobs; add them to spec.states and have the sender redeliver (see status.operations)", states))
+			break
+		}
 		conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
 			hooksv1alpha1.ReasonOperationFailed,
 			fmt.Sprintf("%d of %d operations done; the others failed or are being retried (see status.operations)", done, n))
@@ -122,4 +129,22 @@ func derivePhase(ev *hooksv1alpha1.WebhookEvent) {
 		conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
 			hooksv1alpha1.ReasonAllOperationsDone, fmt.Sprintf("all %d operations done", n))
 	}
+}
+
+// unmappedStates lists the event's unmapped job states, quoted, for its condition.
+func unmappedStates(ev *hooksv1alpha1.WebhookEvent) string {
+	var out []string
+	seen := map[string]bool{}
+	for _, op := range ev.Status.Operations {
+		if op.Outcome != hooksv1alpha1.OutcomeUnmapped {
+			continue
+		}
+		for _, u := range ev.Spec.UnmappedJobStates {
+			if u.JobID == op.Key && !seen[u.State] {
+				seen[u.State] = true
+				out = append(out, fmt.Sprintf("%q", u.State))
+			}
+		}
+	}
+	return strings.Join(out, ", ")
 }

@@ -79,7 +79,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	switch {
 	case ev.Spec.Quarantine != nil:
 		r.quarantined(&ev)
-	case len(ev.Spec.JobCompletions) == 0 && len(ev.Spec.Settlements) == 0:
+	case len(ev.Spec.JobCompletions) == 0 && len(ev.Spec.Settlements) == 0 && len(ev.Spec.UnmappedJobStates) == 0:
 		// A stored unrouted event is deduplicated across the archive like any other.
 		if res, gone, cerr := r.checkArchivedReceipt(ctx, &ev); gone || cerr != nil || !res.IsZero() {
 			if !gone {
@@ -91,7 +91,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		ev.Status.Phase = hooksv1alpha1.EventIgnored
 		conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
-			hooksv1alpha1.ReasonAllOperationsDone, "no route matched the event type; stored for the record only")
+			hooksv1alpha1.ReasonAllOperationsDone, "nothing to do: no route matched the event type, or its route's job states are Ignored (spec.states); stored for the record only")
 	default:
 		var res ctrl.Result
 		var gone bool

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/cel-go/cel"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
@@ -88,6 +89,7 @@ type Extractor struct {
 	sequence      *payload.Path
 	hashFields    []payload.Path
 	storeUnrouted bool
+	states        States
 	routes        map[string]route
 }
 
@@ -138,7 +140,9 @@ type settlementMapping struct {
 // that the same provider name in two namespaces never shares a key.
 func Compile(namespace, providerName string, spec *hooksv1alpha1.WebhookProviderSpec) (*Extractor, error) {
 	c := &compiler{}
+	c.states = compileStates(c, spec.States)
 	x := &Extractor{
+		states:        c.states,
 		namespace:     namespace,
 		provider:      providerName,
 		eventIDHeader: spec.EventID.Header,
@@ -231,7 +235,27 @@ func Compile(namespace, providerName string, spec *hooksv1alpha1.WebhookProvider
 
 // compiler collects the first error while parsing many paths, so Compile reads as a
 // list of fields rather than a ladder of error checks.
-type compiler struct{ err error }
+type compiler struct {
+	err    error
+	states States
+	// whenEnvs are built on first use for a provider with spec.states (their jobState
+	// reads its table); others share the package's.
+	whenEnvs *[2]*cel.Env
+}
+
+func (c *compiler) envs() ([2]*cel.Env, error) {
+	if c.states == nil {
+		return whenEnvs()
+	}
+	if c.whenEnvs == nil {
+		envs, err := newWhenEnvs(c.states)
+		if err != nil {
+			return envs, err
+		}
+		c.whenEnvs = &envs
+	}
+	return *c.whenEnvs, nil
+}
 
 func (c *compiler) fail(format string, args ...any) {
 	if c.err == nil {
@@ -290,6 +314,9 @@ type Event struct {
 	Store          bool
 	JobCompletions []hooksv1alpha1.JobCompletionFacts
 	Settlements    []hooksv1alpha1.SettlementFacts
+	// UnmappedJobStates are the job completions whose state the provider does not map;
+	// nothing is created for them (docs/design.md §5, "Job states").
+	UnmappedJobStates []hooksv1alpha1.UnmappedJobState
 
 	// routeErr is the route's `when` failing to evaluate. Identify keeps it for Facts
 	// rather than returning it, so that the receiver answers a redelivery of a stored
@@ -297,6 +324,8 @@ type Event struct {
 	routeErr error
 	// whenCost is what the route's `when` cost, counted against the delivery's limit.
 	whenCost uint64
+	// routeUnmapped is the route's `when` reading an unmapped job state.
+	routeUnmapped *UnmappedError
 }
 
 // Identify reads the event ID, type and canonical hash: everything needed to answer a
@@ -358,7 +387,13 @@ func (x *Extractor) identify(ev *Event, body []byte, doc any) (*Event, error) {
 		// with storeUnroutedEvents. An evaluation error keeps it routed, so it reaches
 		// the duplicate check before Facts reports the error.
 		holds, err := rt.when.holds(doc, nil, &ev.whenCost)
+		var unmapped *UnmappedError
 		switch {
+		case errors.As(err, &unmapped):
+			// The route cannot be decided: the event is stored, shows the state as
+			// unmapped and does nothing, rather than being refused (a sender retries a
+			// 400 for days) or ignored without a trace.
+			ev.routeUnmapped = unmapped
 		case err != nil:
 			ev.routeErr = err
 		case !holds:
@@ -451,6 +486,13 @@ func (x *Extractor) Facts(ev *Event, doc any) error {
 	if ev.routeErr != nil {
 		return ev.routeErr
 	}
+	if ev.routeUnmapped != nil {
+		ev.UnmappedJobStates = append(ev.UnmappedJobStates, hooksv1alpha1.UnmappedJobState{State: ev.routeUnmapped.State})
+		return nil
+	}
+	// skipped are the jobs this event reports in an Ignored or unmapped state: nothing
+	// is created for them, and no settlement of the event is charged for them.
+	skipped := map[string]bool{}
 	origins := map[string]keyOrigin{}
 	spent := ev.whenCost
 	for oi, op := range x.routes[ev.Type].ops {
@@ -469,6 +511,12 @@ func (x *Extractor) Facts(ev *Event, doc any) error {
 		for ii, item := range items {
 			if op.when != nil {
 				holds, err := op.when.holds(doc, item, &spent)
+				var unmapped *UnmappedError
+				if errors.As(err, &unmapped) {
+					// Not produced: an operation is never decided on a state nobody mapped.
+					ev.UnmappedJobStates = append(ev.UnmappedJobStates, hooksv1alpha1.UnmappedJobState{State: unmapped.State})
+					continue
+				}
 				if err != nil && op.forEach != nil {
 					return fmt.Errorf("%w (item %d of %s)", err, ii, op.forEach)
 				}
@@ -481,11 +529,19 @@ func (x *Extractor) Facts(ev *Event, doc any) error {
 			}
 			switch {
 			case op.job != nil:
-				f, err := x.jobFacts(op.job, ev, doc, item)
+				f, meaning, raw, err := x.jobFacts(op.job, ev, doc, item)
 				if err != nil {
 					return err
 				}
-				ev.JobCompletions = append(ev.JobCompletions, f)
+				switch meaning {
+				case "":
+					skipped[f.JobID] = true
+					ev.UnmappedJobStates = append(ev.UnmappedJobStates, hooksv1alpha1.UnmappedJobState{JobID: f.JobID, State: raw})
+				case hooksv1alpha1.JobStateIgnored:
+					skipped[f.JobID] = true
+				default:
+					ev.JobCompletions = append(ev.JobCompletions, f)
+				}
 			case op.stl != nil:
 				f, err := x.settlementFacts(op.stl, doc, item)
 				if err != nil {
@@ -499,6 +555,19 @@ func (x *Extractor) Facts(ev *Event, doc any) error {
 				ev.Settlements = append(ev.Settlements, f)
 			}
 		}
+	}
+	if len(skipped) > 0 {
+		kept := ev.Settlements[:0]
+		for _, f := range ev.Settlements {
+			if f.JobID == "" || !skipped[f.JobID] {
+				kept = append(kept, f)
+			}
+		}
+		ev.Settlements = kept
+	}
+	ev.UnmappedJobStates = dedupeUnmapped(ev.UnmappedJobStates)
+	if n := len(ev.UnmappedJobStates); n > MaxFactsPerEvent {
+		ev.UnmappedJobStates = ev.UnmappedJobStates[:MaxFactsPerEvent]
 	}
 	if n := len(ev.JobCompletions); n > MaxFactsPerEvent {
 		return invalid("the event yields %d job completions; at most %d per event", n, MaxFactsPerEvent)
@@ -598,20 +667,23 @@ func present(p payload.Path, what string, maxLen int, v string, found bool, err 
 	return v, nil
 }
 
-func (x *Extractor) jobFacts(m *jobMapping, ev *Event, doc, item any) (hooksv1alpha1.JobCompletionFacts, error) {
-	f := hooksv1alpha1.JobCompletionFacts{State: hooksv1alpha1.JobSucceeded, Sink: m.sink.DeepCopy()}
-	var err error
+// jobFacts reads one job completion. meaning is the state's meaning, "" when it is
+// unmapped (then raw is the state as the sender wrote it, truncated).
+func (x *Extractor) jobFacts(m *jobMapping, ev *Event, doc, item any) (f hooksv1alpha1.JobCompletionFacts,
+	meaning hooksv1alpha1.JobStateMeaning, raw string, err error) {
+	f = hooksv1alpha1.JobCompletionFacts{State: hooksv1alpha1.JobSucceeded, Sink: m.sink.DeepCopy()}
+	meaning = hooksv1alpha1.JobStateMeaning(hooksv1alpha1.JobSucceeded)
 	if f.JobID, err = requiredIdentity(m.jobID, doc, item, "job ID", 256); err != nil {
-		return f, err
+		return f, meaning, raw, err
 	}
 	switch {
 	case m.version != nil:
 		v, found, err := m.version.LookupInt64(doc, item)
 		if err != nil {
-			return f, invalid("completion version: %v", err)
+			return f, meaning, raw, invalid("completion version: %v", err)
 		}
 		if !found {
-			return f, missingField(m.version, "completion version")
+			return f, meaning, raw, missingField(m.version, "completion version")
 		}
 		f.Version = v
 	case ev.Sequence != nil:
@@ -620,26 +692,30 @@ func (x *Extractor) jobFacts(m *jobMapping, ev *Event, doc, item any) (hooksv1al
 		f.Version = 1
 	}
 	if f.Version < 0 {
-		return f, invalid("completion version %d is negative", f.Version)
+		return f, meaning, raw, invalid("completion version %d is negative", f.Version)
 	}
 	if m.state != nil {
 		s, err := requiredString(*m.state, doc, item, "job state", 64)
 		if err != nil {
-			return f, err
+			return f, meaning, raw, err
 		}
-		if f.State, err = ParseJobState(s); err != nil {
-			return f, err
+		var ok bool
+		if meaning, ok = x.states.Resolve(s); !ok {
+			return f, "", truncate(s), nil
+		}
+		if meaning != hooksv1alpha1.JobStateIgnored {
+			f.State = hooksv1alpha1.JobState(meaning)
 		}
 	}
 	if m.completedAt != nil {
 		s, found, err := m.completedAt.LookupString(doc, item)
 		if err != nil {
-			return f, invalid("completedAt: %v", err)
+			return f, meaning, raw, invalid("completedAt: %v", err)
 		}
 		if found {
 			t, err := time.Parse(time.RFC3339Nano, s)
 			if err != nil {
-				return f, invalid("completedAt %q is not an RFC 3339 time", truncate(s))
+				return f, meaning, raw, invalid("completedAt %q is not an RFC 3339 time", truncate(s))
 			}
 			mt := metav1.NewTime(t.UTC())
 			f.CompletedAt = &mt
@@ -647,10 +723,10 @@ func (x *Extractor) jobFacts(m *jobMapping, ev *Event, doc, item any) (hooksv1al
 	}
 	if m.usage != nil {
 		if f.Usage, err = usageFacts(m.usage, doc, item); err != nil {
-			return f, err
+			return f, meaning, raw, err
 		}
 	}
-	return f, nil
+	return f, meaning, raw, nil
 }
 
 func (x *Extractor) settlementFacts(m *settlementMapping, doc, item any) (hooksv1alpha1.SettlementFacts, error) {

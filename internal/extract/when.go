@@ -18,36 +18,41 @@ import (
 const WhenCostLimit = 1_000_000
 
 // whenEnvs are the two expression environments: a route's and a plain operation's
-// `when` see `payload`; a forEach operation's also sees `item`. Built once: an Env is
-// immutable and safe for concurrent use.
-var whenEnvs = sync.OnceValues(func() (envs [2]*cel.Env, err error) {
+// `when` see `payload`; a forEach operation's also sees `item`. Built once for
+// providers without spec.states: an Env is immutable and safe for concurrent use.
+var whenEnvs = sync.OnceValues(func() ([2]*cel.Env, error) { return newWhenEnvs(nil) })
+
+// newWhenEnvs builds the environments whose jobState() reads states through table.
+func newWhenEnvs(table States) (envs [2]*cel.Env, err error) {
 	base := []cel.EnvOption{
 		cel.Variable("payload", cel.MapType(cel.StringType, cel.DynType)),
 		cel.CustomTypeAdapter(jsonAdapter{types.DefaultTypeAdapter}),
 		cel.CrossTypeNumericComparisons(true),
 		cel.Function("jobState",
 			cel.Overload("jobState_string", []*cel.Type{cel.StringType}, cel.StringType,
-				cel.UnaryBinding(jobStateBinding))),
+				cel.UnaryBinding(func(v ref.Val) ref.Val { return jobStateBinding(table, v) }))),
 	}
 	if envs[0], err = cel.NewEnv(base...); err != nil {
 		return envs, err
 	}
 	envs[1], err = envs[0].Extend(cel.Variable("item", cel.DynType))
 	return envs, err
-})
+}
 
-// jobStateBinding is ParseJobState for expressions: "success", "completed" and
-// "COMPLETED" all read "Succeeded", so a condition matches exactly the jobs the
-// JobCompletion operation records as Succeeded. A state it does not know is an
-// evaluation error, as it is for the JobCompletion operation.
-func jobStateBinding(v ref.Val) ref.Val {
+// jobStateBinding is States.Resolve for expressions: "success", "completed" and
+// "COMPLETED" all read "Succeeded", and a state spec.states maps reads as it maps it
+// (possibly "Ignored"), so a condition matches exactly the jobs the JobCompletion
+// operation records in that state. An unmapped state is an evaluation error that the
+// condition's caller recognises (unmappedIn): the operation is not produced and the
+// event shows the state as unmapped, never a 400.
+func jobStateBinding(table States, v ref.Val) ref.Val {
 	s, ok := v.Value().(string)
 	if !ok {
 		return types.NewErr("jobState: want a string, got %s", v.Type().TypeName())
 	}
-	st, err := ParseJobState(s)
-	if err != nil {
-		return types.NewErr("jobState: job state %q is not one of Succeeded, Failed, Cancelled", truncate(s))
+	st, ok := table.Resolve(s)
+	if !ok {
+		return types.NewErr("%s%q", unmappedPrefix, truncate(s))
 	}
 	return types.String(string(st))
 }
@@ -94,7 +99,7 @@ func (c *compiler) when(field, text string, withItem bool) *condition {
 	if text == "" {
 		return nil
 	}
-	envs, err := whenEnvs()
+	envs, err := c.envs()
 	if err != nil {
 		c.fail("%s: the expression environment could not be built: %v", field, err)
 		return nil
@@ -125,10 +130,10 @@ func (c *compiler) when(field, text string, withItem bool) *condition {
 // spent is the delivery's cost so far, to which this evaluation's cost is added: the
 // limit bounds all the conditions of one delivery together, so that a forEach
 // condition over each of many items cannot add up to quadratic work either. Every
-// failure (a missing key, a wrong type, an unknown job state, the cost limit) is an
+// failure (a missing key, a wrong type, the cost limit) is an
 // ErrInvalidEvent naming the field: the payload does not fit the route's condition.
 // The message names the field and cel-go's error, which names keys and types, not
-// payload values (jobState quotes the state, as ParseJobState does).
+// payload values. A jobState() of an unmapped state is an *UnmappedError instead.
 func (w *condition) holds(doc, item any, spent *uint64) (bool, error) {
 	vars := map[string]any{"payload": doc}
 	if w.withItem {
@@ -139,6 +144,9 @@ func (w *condition) holds(doc, item any, spent *uint64) (bool, error) {
 		*spent += *det.ActualCost()
 	}
 	if err != nil {
+		if u := unmappedIn(w.field, err); u != nil {
+			return false, u
+		}
 		return false, &FieldError{Path: w.field, Problem: "the condition could not be evaluated on this payload", Condition: true,
 			message: fmt.Sprintf("%s could not be evaluated: %v", w.field, err)}
 	}

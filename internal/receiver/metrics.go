@@ -67,6 +67,11 @@ var (
 		Help: "Deliveries to a known WebhookProvider refused with 400, 401, 413 or 415, by namespace, provider and reason (the closed set of status.lastRejection.reason).",
 	}, []string{"namespace", "provider", "reason"})
 
+	unmappedJobStates = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settlement_receiver_unmapped_job_states_total",
+		Help: "Job completions in accepted events whose state the WebhookProvider's spec.states does not map (nothing is created or charged for them), by namespace and provider; the state is not a label (senders choose it), the event's status names it.",
+	}, []string{"namespace", "provider"})
+
 	signatureSecretIndex = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settlement_receiver_signature_key_matches_total",
 		Help: "Verified deliveries by the WebhookProvider's namespace and name and the position in spec.signature.secretRef.keys of the key that matched; an old key with no matches can be removed.",
@@ -76,7 +81,7 @@ var (
 // MetricCollectors are the receiver's metrics, registered with controller-runtime's
 // registry at start; test/prometheus checks the shipped alerts and dashboard against them.
 func MetricCollectors() []prometheus.Collector {
-	return []prometheus.Collector{requestsTotal, requestDuration, inFlight, throttled, signatureSecretIndex, archiveLookups, rejectionsTotal}
+	return []prometheus.Collector{requestsTotal, requestDuration, inFlight, throttled, signatureSecretIndex, archiveLookups, rejectionsTotal, unmappedJobStates}
 }
 
 func init() { metrics.Registry.MustRegister(MetricCollectors()...) }

@@ -549,6 +549,9 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	switch {
 	case err == nil:
 		logger.V(1).Info("event accepted", "event", eventName, "type", ev.Type)
+		if n := len(ev.UnmappedJobStates); n > 0 {
+			unmappedJobStates.WithLabelValues(ns, name).Add(float64(n))
+		}
 		return answer{code: http.StatusOK, outcome: OutcomeAccepted, event: eventName}
 	case apierrors.IsAlreadyExists(err):
 		// Created concurrently, or before our cache saw it: read it live.
@@ -748,6 +751,7 @@ func (r *Receiver) newEvent(ns, name string, p *hooksv1alpha1.WebhookProvider, e
 			Provider: p.Name, EventID: ev.ID, EventType: ev.Type, Sequence: ev.Sequence,
 			PayloadHash: ev.PayloadHash, ReceivedAt: metav1.NewTime(r.opts.Now().UTC()),
 			JobCompletions: ev.JobCompletions, Settlements: ev.Settlements,
+			UnmappedJobStates: ev.UnmappedJobStates,
 		},
 	}
 	if raw := p.Spec.RawPayload; raw != nil && raw.Enabled {

@@ -84,10 +84,17 @@ var _ = Describe("route conditions (when)", func() {
 		Expect(r.Status).To(Equal(http.StatusBadRequest), r.Body)
 		Expect(decode(r.Body)["message"]).To(ContainSubstring("spec.routes[0].when could not be evaluated: no such key: customer"))
 
-		r = send(ns, "inference", "msg_weird", strings.Replace(completedV2, `"succeeded"`, `"weird"`, 1))
-		Expect(r.Status).To(Equal(http.StatusBadRequest), r.Body)
-		Expect(decode(r.Body)["message"]).To(ContainSubstring(`job state "weird"`))
 		Expect(listEvents(ns)).To(BeEmpty())
+	})
+
+	It("accepts and stores a job state no one mapped, with no job completion and no charge", func() {
+		r := send(ns, "inference", "msg_weird", strings.Replace(completedV2, `"succeeded"`, `"weird"`, 1))
+		Expect(r.Status).To(Equal(http.StatusOK), r.Body)
+		var ev hooksv1alpha1.WebhookEvent
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: decode(r.Body)["event"]}, &ev)).To(Succeed())
+		Expect(ev.Spec.JobCompletions).To(BeEmpty())
+		Expect(ev.Spec.Settlements).To(BeEmpty())
+		Expect(ev.Spec.UnmappedJobStates).To(Equal([]hooksv1alpha1.UnmappedJobState{{JobID: "job-1", State: "weird"}}))
 	})
 
 	It("still answers duplicate for a stored event whose redelivery no longer evaluates", func() {

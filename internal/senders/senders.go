@@ -55,6 +55,9 @@ func Apply(spec *hooksv1alpha1.WebhookProviderSpec) hooksv1alpha1.WebhookProvide
 	case hooksv1alpha1.SenderGitHub:
 		sig.Scheme = hooksv1alpha1.SchemeHMACSHA256
 		sig.Header, sig.Prefix, sig.Encoding = GitHubSignatureHeader, GitHubSignaturePrefix, hooksv1alpha1.EncodingHex
+		if len(out.States) == 0 {
+			out.States = GitHubStates()
+		}
 	case hooksv1alpha1.SenderEventBridge:
 		sig.Scheme = hooksv1alpha1.SchemeAPIKey
 		defaultID(hooksv1alpha1.EventIDSource{JSONPath: ".id"})
@@ -65,6 +68,40 @@ func Apply(spec *hooksv1alpha1.WebhookProviderSpec) hooksv1alpha1.WebhookProvide
 		out.EventType = hooksv1alpha1.FieldSource{Header: cloudEventsTypeHeader}
 	}
 	return out
+}
+
+// GitHubStates is sender GitHub's default spec.states: every conclusion GitHub
+// documents for a workflow run, workflow job and check run (decisions.md "Job
+// states"). Only success is charged as Succeeded; a run that waits for approval
+// (action_required) is not over, so it creates nothing and a later delivery brings its
+// conclusion.
+func GitHubStates() []hooksv1alpha1.JobStateMapping {
+	return []hooksv1alpha1.JobStateMapping{
+		{State: "success", As: hooksv1alpha1.JobStateMeaning(hooksv1alpha1.JobSucceeded)},
+		{State: "failure", As: hooksv1alpha1.JobStateMeaning(hooksv1alpha1.JobFailed)},
+		{State: "timed_out", As: hooksv1alpha1.JobStateMeaning(hooksv1alpha1.JobFailed)},
+		{State: "startup_failure", As: hooksv1alpha1.JobStateMeaning(hooksv1alpha1.JobFailed)},
+		{State: "cancelled", As: hooksv1alpha1.JobStateMeaning(hooksv1alpha1.JobCancelled)},
+		{State: "skipped", As: hooksv1alpha1.JobStateMeaning(hooksv1alpha1.JobCancelled)},
+		{State: "stale", As: hooksv1alpha1.JobStateMeaning(hooksv1alpha1.JobCancelled)},
+		{State: "neutral", As: hooksv1alpha1.JobStateMeaning(hooksv1alpha1.JobSucceeded)},
+		{State: "action_required", As: hooksv1alpha1.JobStateIgnored},
+	}
+}
+
+// RunPodStates is the spec.states a RunPod serverless endpoint's webhook needs (its
+// job status: COMPLETED, FAILED, CANCELLED, TIMED_OUT; IN_QUEUE and IN_PROGRESS are
+// not ends). RunPod has no sender preset (its webhook is configured as Generic), so
+// this is the table the documentation and samples give, not a default.
+func RunPodStates() []hooksv1alpha1.JobStateMapping {
+	return []hooksv1alpha1.JobStateMapping{
+		{State: "COMPLETED", As: hooksv1alpha1.JobStateMeaning(hooksv1alpha1.JobSucceeded)},
+		{State: "FAILED", As: hooksv1alpha1.JobStateMeaning(hooksv1alpha1.JobFailed)},
+		{State: "TIMED_OUT", As: hooksv1alpha1.JobStateMeaning(hooksv1alpha1.JobFailed)},
+		{State: "CANCELLED", As: hooksv1alpha1.JobStateMeaning(hooksv1alpha1.JobCancelled)},
+		{State: "IN_QUEUE", As: hooksv1alpha1.JobStateIgnored},
+		{State: "IN_PROGRESS", As: hooksv1alpha1.JobStateIgnored},
+	}
 }
 
 // IsCloudEvents reports whether the receiver reads the provider's deliveries as
