@@ -25,8 +25,8 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
 	"github.com/settlement-operator/settlement-operator/internal/credentials"
 	"github.com/settlement-operator/settlement-operator/internal/extract"
-	"github.com/settlement-operator/settlement-operator/internal/senders"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
+	"github.com/settlement-operator/settlement-operator/internal/senders"
 	"github.com/settlement-operator/settlement-operator/internal/signingkeys"
 	"github.com/settlement-operator/settlement-operator/internal/statuspatch"
 )
