@@ -84,17 +84,7 @@ func (c *secretCache) get(ctx context.Context, key types.NamespacedName, refresh
 		// Another delivery is reading this Secret now: share its result. Its keys are
 		// as new as any this call could read, so they count as fresh.
 		c.mu.Unlock()
-		select {
-		case <-wait:
-		case <-ctx.Done():
-			return nil, false, errSecretUnavailable{fmt.Errorf("read signing secret %s: %w", key, ctx.Err())}
-		}
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if e.err != nil {
-			return nil, false, e.err
-		}
-		return e.secret, true, nil
+		return c.awaitRead(ctx, e, wait, key)
 	}
 	now := c.now()
 	recentlyTried := !e.tried.IsZero() && now.Sub(e.tried) < c.refreshAfter
@@ -129,6 +119,12 @@ func (c *secretCache) get(ctx context.Context, key types.NamespacedName, refresh
 		close(done)
 		c.mu.Unlock()
 	}()
+	return c.awaitRead(ctx, e, done, key)
+}
+
+// awaitRead waits, until ctx ends, for the shared read of e that closes done, and
+// returns its result (fresh: as new as any read this call could make).
+func (c *secretCache) awaitRead(ctx context.Context, e *secretEntry, done <-chan struct{}, key types.NamespacedName) (*corev1.Secret, bool, error) {
 	select {
 	case <-done:
 	case <-ctx.Done():
