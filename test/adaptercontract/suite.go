@@ -30,6 +30,23 @@ type RetryAfterFixture interface {
 	RetryAfter() time.Duration
 }
 
+// LookupFaultFixture is a Fixture whose platform can be asked (a lookup by key or by
+// listing): FailLookups makes its next n reads (a lookup, a listing page) answer a
+// server error, as the platform documents one. Every fixture whose adapter declares a
+// lookup implements it: a read that fails must never read as "not found", which would
+// send the request again.
+type LookupFaultFixture interface {
+	FailLookups(n int)
+}
+
+// WindowFixture is a Fixture whose platform can be asked: PassWindow makes the
+// platform's deduplication window pass for every key it holds (a resend would be new
+// usage), while its books and its reads keep everything. Every fixture whose adapter
+// declares a lookup implements it: past the window, the lookup is the only answer.
+type WindowFixture interface {
+	PassWindow()
+}
+
 // concurrency is how many copies of one request the concurrent-duplicate row sends at
 // once.
 const concurrency = 8
@@ -52,6 +69,8 @@ var rows = []row{
 	{"rate limited", (*contract).rateLimited},
 	{"refused", (*contract).refused},
 	{"lookup of a key never sent", (*contract).lookupNeverSent},
+	{"a lookup the platform fails", (*contract).lookupFails},
+	{"past the key window", (*contract).pastWindow},
 	{"reconciliation finds the charge", (*contract).reconciliationFinds},
 	{"a refused credential", (*contract).refusedCredential},
 }
@@ -191,6 +210,11 @@ func (c *contract) matches(what string, r billing.Request, rec billing.Record) {
 	c.t.Helper()
 	if m, ok := billing.Match(r, rec); !ok {
 		c.errorf("%s: the record is not provably the request: %s", what, m)
+	}
+	switch rec.Status {
+	case billing.StatusPending, billing.StatusSettled, billing.StatusFailed:
+	default:
+		c.errorf("%s: the record's status %q is not pending, settled or failed", what, rec.Status)
 	}
 }
 
@@ -466,13 +490,86 @@ func (c *contract) lookupNeverSent() {
 	c.effects("after the lookup", r, 0)
 }
 
+// lookupFails: a read the platform fails is an error that says "ask again", never
+// "not found"; the next lookup answers.
+func (c *contract) lookupFails() {
+	r := c.charge("lookupfail")
+	start := time.Now()
+	caps := c.caps(r)
+	if caps.Lookup == billing.LookupNone {
+		// Nothing is read: the lookup answers Unanswerable without asking the platform
+		// (the rows "billing commits, the reply is lost" and "lookup of a key never
+		// sent" hold it to that).
+		return
+	}
+	faulty, ok := c.f.(LookupFaultFixture)
+	if !ok {
+		c.fatalf("the capabilities declare a lookup (%s), and the fixture cannot fail one (LookupFaultFixture)", caps.Lookup)
+	}
+	if _, err := c.submit(r); err != nil {
+		c.fatalf("the submission failed: %v", err)
+	}
+	faulty.FailLookups(1)
+	_, found, err := c.lookup(r, start)
+	switch {
+	case err == nil:
+		c.errorf("a lookup the platform failed answered found=%t without an error: a failed read must never read as an answer", found)
+	default:
+		if e := c.classified("a lookup the platform failed", err); e.Class != billing.Transient || e.Unanswerable {
+			c.errorf("a lookup the platform failed answered %s (Unanswerable %t), want Transient: asking again will answer: %v",
+				e.Class, e.Unanswerable, err)
+		}
+	}
+	rec, found, err := c.lookup(r, start)
+	if err != nil || !found {
+		c.fatalf("the lookup after the failed one finds nothing (found=%t, err=%v)", found, err)
+	}
+	c.matches("the lookup after the failed one", r, rec)
+	c.effects("after the lookups", r, 1)
+}
+
+// pastWindow: once the platform's deduplication window has passed, a declared lookup
+// still finds the charge (nothing else can answer then); a provider with no lookup
+// still says it cannot answer, never "not found".
+func (c *contract) pastWindow() {
+	r := c.charge("window")
+	start := time.Now()
+	caps := c.caps(r)
+	if _, err := c.submit(r); err != nil {
+		c.fatalf("the submission failed: %v", err)
+	}
+	if caps.Lookup != billing.LookupNone {
+		aging, ok := c.f.(WindowFixture)
+		if !ok {
+			c.fatalf("the capabilities declare a lookup (%s), and the fixture cannot pass its window (WindowFixture)", caps.Lookup)
+		}
+		aging.PassWindow()
+	}
+	rec, found, err := c.lookup(r, start)
+	switch {
+	case caps.Lookup == billing.LookupNone:
+		if err == nil {
+			c.errorf("the capabilities declare no lookup, yet the lookup answered found=%t instead of Unanswerable", found)
+		} else if e := c.classified("the lookup the capabilities say cannot answer", err); !e.Unanswerable {
+			c.errorf("the capabilities declare no lookup, and the lookup failed without saying it cannot answer (Unanswerable): %v", err)
+		}
+	case err != nil:
+		c.errorf("the lookup (%s) past the window failed: %v", caps.Lookup, err)
+	case !found:
+		c.errorf("the lookup (%s) past the window finds nothing, yet the platform holds the charge", caps.Lookup)
+	default:
+		c.matches("the lookup past the window", r, rec)
+	}
+	c.effects("past the window", r, 1)
+}
+
 // reconciliationFinds: what reconciliation reads back finds the charge — a listing
 // since a time before it holds its record under its idempotency key, or, where the
 // platform totals usage instead of listing it (billing.UsageTotaler), the customer's
 // total for the meter counts its quantity.
 func (c *contract) reconciliationFinds() {
 	r := c.charge("list")
-	since := time.Now().Add(-time.Minute)
+	since := time.Now() // just before the charge: the listing's lower bound is inclusive
 	rec, err := c.submit(r)
 	if err != nil {
 		c.fatalf("the submission failed: %v", err)

@@ -33,7 +33,11 @@ func ContractFixture(t *testing.T) adaptercontract.Fixture {
 
 type contractFixture struct{ s *Server }
 
-var _ adaptercontract.RetryAfterFixture = (*contractFixture)(nil)
+var (
+	_ adaptercontract.RetryAfterFixture  = (*contractFixture)(nil)
+	_ adaptercontract.LookupFaultFixture = (*contractFixture)(nil)
+	_ adaptercontract.WindowFixture      = (*contractFixture)(nil)
+)
 
 func (f *contractFixture) Type() hooksv1alpha1.BillingProviderType {
 	return hooksv1alpha1.BillingProviderHTTP
@@ -78,5 +82,11 @@ func (f *contractFixture) Fail(fault adaptercontract.Fault, n int) {
 }
 
 func (f *contractFixture) RetryAfter() time.Duration { return contractRetryAfter }
+
+// FailLookups makes the next n GET /settlements/{key} answer 503.
+func (f *contractFixture) FailLookups(n int) { f.s.FailNextLookups(n, http.StatusServiceUnavailable) }
+
+// PassWindow forgets every key for deduplication; lookups still find their records.
+func (f *contractFixture) PassWindow() { f.s.ForgetKeys() }
 
 func (f *contractFixture) Close() { _ = f.s.Close() }

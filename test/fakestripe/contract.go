@@ -55,7 +55,11 @@ type contractFixture struct {
 	close sync.Once
 }
 
-var _ adaptercontract.RetryAfterFixture = (*contractFixture)(nil)
+var (
+	_ adaptercontract.RetryAfterFixture  = (*contractFixture)(nil)
+	_ adaptercontract.LookupFaultFixture = (*contractFixture)(nil)
+	_ adaptercontract.WindowFixture      = (*contractFixture)(nil)
+)
 
 func (f *contractFixture) Type() hooksv1alpha1.BillingProviderType {
 	return hooksv1alpha1.BillingProviderStripe
@@ -100,5 +104,15 @@ func (f *contractFixture) Fail(fault adaptercontract.Fault, n int) {
 }
 
 func (f *contractFixture) RetryAfter() time.Duration { return contractRetryAfter }
+
+// FailLookups makes the next n requests to the charge's endpoint answer Stripe's 500
+// api_error: the listing of invoice items (a meter event is never read).
+func (f *contractFixture) FailLookups(n int) {
+	f.s.FailNext(n, f.path, http.StatusInternalServerError, "api_error", "", "")
+}
+
+// PassWindow drops every saved idempotency result, as Stripe does after 24 hours;
+// invoice items are still listed.
+func (f *contractFixture) PassWindow() { f.s.ForgetKeys() }
 
 func (f *contractFixture) Close() { f.close.Do(func() { _ = f.s.Close() }) }
