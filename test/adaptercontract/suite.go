@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/big"
 	"net"
 	"net/url"
 	"strings"
@@ -47,6 +48,10 @@ type WindowFixture interface {
 	PassWindow()
 }
 
+// many is how many charges the row "many charges" sends: more than one page of any
+// platform's listing (100 is the usual largest page).
+const many = 130
+
 // concurrency is how many copies of one request the concurrent-duplicate row sends at
 // once.
 const concurrency = 8
@@ -72,7 +77,9 @@ var rows = []row{
 	{"a lookup the platform fails", (*contract).lookupFails},
 	{"past the key window", (*contract).pastWindow},
 	{"reconciliation finds the charge", (*contract).reconciliationFinds},
+	{"many charges", (*contract).manyCharges},
 	{"a refused credential", (*contract).refusedCredential},
+	{"the client does not show the credential", (*contract).clientHidesCredential},
 }
 
 // Run holds the adapter that serves newFixture's provider type to the contract: every
@@ -591,12 +598,7 @@ func (c *contract) reconciliationFinds() {
 			len(listed), pages)
 		return
 	}
-	start := since.Add(-time.Hour)
-	if !r.OccurredAt.IsZero() && r.OccurredAt.Before(start) {
-		start = r.OccurredAt.Add(-time.Hour)
-	}
-	start = start.Truncate(time.Minute)
-	end := time.Now().Truncate(time.Minute).Add(2 * time.Minute)
+	start, end := totalWindow(r, since)
 	total, err := totaler.UsageTotal(c.ctx(), r.Usage.Meter, r.Customer, start, end)
 	c.noCredential(err)
 	if err != nil {
@@ -605,6 +607,87 @@ func (c *contract) reconciliationFinds() {
 	if !billing.SameQuantity(total, r.Usage.Quantity) {
 		c.errorf("the usage total of meter %q for the customer is %s, want the charge's %s", r.Usage.Meter, total, r.Usage.Quantity)
 	}
+}
+
+// manyCharges: with more charges than a page holds, reconciliation reads back each of
+// them exactly once (a listing whose pages overlap or skip would report a charge twice
+// or not at all), and the lookup of the oldest still finds it behind the newer ones.
+func (c *contract) manyCharges() {
+	since := time.Now()
+	charges := make([]billing.Request, many)
+	for i := range charges {
+		charges[i] = c.charge(fmt.Sprintf("many%03d", i))
+		if _, err := c.submit(charges[i]); err != nil {
+			c.fatalf("submission %d of %d failed: %v", i+1, many, err)
+		}
+	}
+	first := charges[0]
+	if c.caps(first).Lookup != billing.LookupNone {
+		rec, found, err := c.lookup(first, since)
+		if err != nil || !found {
+			c.errorf("the lookup of the oldest of %d charges finds nothing (found=%t, err=%v)", many, found, err)
+		} else {
+			c.matches("the lookup of the oldest charge", first, rec)
+		}
+	}
+	listed, pages, err := c.listAll(since)
+	if err != nil {
+		c.fatalf("List since before %d charges failed: %v", many, err)
+	}
+	seen := map[string]int{}
+	for _, l := range listed {
+		seen[l.IdempotencyKey]++
+	}
+	missing := 0
+	for _, r := range charges {
+		switch n := seen[r.IdempotencyKey]; {
+		case n > 1:
+			c.errorf("List (%d pages) holds charge %s %d times", pages, r.IdempotencyKey, n)
+		case n == 0:
+			missing++
+		}
+	}
+	if missing == 0 {
+		for _, l := range listed {
+			for _, r := range charges {
+				if r.IdempotencyKey == l.IdempotencyKey {
+					c.matches("a listed record", r, l)
+				}
+			}
+		}
+		return
+	}
+	totaler, ok := billing.UsageTotalsOf(c.client)
+	if missing < many || !ok || first.Usage == nil {
+		c.errorf("List since before %d charges (%d pages) misses %d of them, and the adapter totals no usage instead", many, pages, missing)
+		return
+	}
+	want := new(big.Rat)
+	for _, r := range charges {
+		q, ok := new(big.Rat).SetString(r.Usage.Quantity)
+		if !ok {
+			c.fatalf("the fixture's quantity %q is not a decimal", r.Usage.Quantity)
+		}
+		want.Add(want, q)
+	}
+	start, end := totalWindow(first, since)
+	total, err := totaler.UsageTotal(c.ctx(), first.Usage.Meter, first.Customer, start, end)
+	c.noCredential(err)
+	if err != nil {
+		c.fatalf("the usage total of %d charges failed: %v", many, err)
+	}
+	if !billing.SameQuantity(total, want.RatString()) {
+		c.errorf("the usage total of %d charges is %s, want %s", many, total, want.RatString())
+	}
+}
+
+// totalWindow is a window of whole minutes around r's usage, sent after since.
+func totalWindow(r billing.Request, since time.Time) (start, end time.Time) {
+	start = since.Add(-time.Hour)
+	if !r.OccurredAt.IsZero() && r.OccurredAt.Before(start) {
+		start = r.OccurredAt.Add(-time.Hour)
+	}
+	return start.Truncate(time.Minute), time.Now().Truncate(time.Minute).Add(2 * time.Minute)
 }
 
 // listAll pages through List since since; a cursor that does not advance is an error.
@@ -642,4 +725,14 @@ func (c *contract) refusedCredential() {
 	}
 	c.classified("a submission with a refused credential", err)
 	c.effects("after a refused credential", r, 0)
+}
+
+// clientHidesCredential: however the client is printed (a log line, a %#v in a debug
+// message), the credential is not in it.
+func (c *contract) clientHidesCredential() {
+	for _, verb := range []string{"%v", "%+v", "%s", "%#v"} {
+		if out := fmt.Sprintf(verb, c.client); strings.Contains(out, c.token) {
+			c.errorf("the client printed with %s shows the credential", verb)
+		}
+	}
 }
