@@ -9,6 +9,7 @@ import (
 	"math/big"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -82,27 +83,84 @@ var rows = []row{
 	{"the client does not show the credential", (*contract).clientHidesCredential},
 }
 
+// Option changes how Run holds an adapter to the contract.
+type Option func(*options)
+
+type options struct {
+	gaps map[string]string // row -> why it fails today
+}
+
+// KnownGap names a row the adapter fails today and why: the row still runs, and Run
+// requires it to fail — so the gap is written down where the suite runs, and a fix
+// that closes it fails the suite until the line is removed. A name that is no row fails.
+func KnownGap(row, why string) Option {
+	return func(o *options) { o.gaps[row] = why }
+}
+
+// Rows are the names of the contract's rows, in order.
+func Rows() []string {
+	out := make([]string, len(rows))
+	for i, rw := range rows {
+		out[i] = rw.name
+	}
+	return out
+}
+
 // Run holds the adapter that serves newFixture's provider type to the contract: every
 // row gets a fresh fixture (a fake with empty books) and a client built by the registry
 // (adapters.New) from the fixture's BillingProvider and credential, as the operator
 // builds it. Rows speak in billing's terms and the declared capabilities only; every
 // assertion names the row and the fixture.
-func Run(t *testing.T, newFixture func(t *testing.T) Fixture) {
+func Run(t *testing.T, newFixture func(t *testing.T) Fixture, opts ...Option) {
 	t.Helper()
+	o := options{gaps: map[string]string{}}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	for name := range o.gaps {
+		if !slices.Contains(Rows(), name) {
+			t.Errorf("known gap %q names no row of the contract (rows: %s)", name, strings.Join(Rows(), "; "))
+		}
+	}
 	for _, rw := range rows {
 		t.Run(rw.name, func(t *testing.T) {
-			f := newFixture(t)
-			t.Cleanup(f.Close)
-			bp, token := f.Provider()
-			c := &contract{t: t, row: rw.name, f: f, bp: bp, token: token,
-				label: fmt.Sprintf("%s fixture %s", f.Type(), fixtureName(t))}
-			if bp.Spec.Type != f.Type() {
-				c.fatalf("the BillingProvider's spec.type is %q, the fixture serves %q", bp.Spec.Type, f.Type())
+			why, gap := o.gaps[rw.name]
+			c := &contract{t: t, row: rw.name, gap: gap}
+			c.runRow(func() {
+				f := newFixture(t)
+				t.Cleanup(f.Close)
+				bp, token := f.Provider()
+				c.f, c.bp, c.token = f, bp, token
+				c.label = fmt.Sprintf("%s fixture %s", f.Type(), fixtureName(t))
+				if bp.Spec.Type != f.Type() {
+					c.fatalf("the BillingProvider's spec.type is %q, the fixture serves %q", bp.Spec.Type, f.Type())
+				}
+				c.client = c.build(bp, token)
+				rw.run(c)
+			})
+			switch {
+			case gap && !c.failed:
+				t.Errorf("%s [%s]: listed as a known gap (%s), yet the row passes: remove it from the list", rw.name, c.label, why)
+			case gap:
+				t.Logf("%s [%s]: fails, a known gap: %s", rw.name, c.label, why)
 			}
-			c.client = c.build(bp, token)
-			rw.run(c)
 		})
 	}
+}
+
+// gapAbort ends a known gap's row at its first fatal failure.
+type gapAbort struct{}
+
+// runRow runs a row; a known gap's fatal failure ends it without failing the test.
+func (c *contract) runRow(row func()) {
+	defer func() {
+		if r := recover(); r != nil {
+			if _, ok := r.(gapAbort); !ok {
+				panic(r)
+			}
+		}
+	}()
+	row()
 }
 
 // fixtureName is the test's name without the row: the name the list of fixtures gave.
@@ -117,10 +175,14 @@ func fixtureName(t *testing.T) string {
 	return name
 }
 
-// contract is one row's world: its fixture, its client and how it reports.
+// contract is one row's world: its fixture, its client and how it reports. In a known
+// gap's row, failures are logged and remembered (failed) instead of failing the test.
 type contract struct {
 	t      *testing.T
 	row    string
+	gap    bool
+	mu     sync.Mutex
+	failed bool
 	label  string
 	f      Fixture
 	bp     *hooksv1alpha1.BillingProvider
@@ -131,11 +193,22 @@ type contract struct {
 // errorf and fatalf prefix every message with the row and the fixture.
 func (c *contract) errorf(format string, args ...any) {
 	c.t.Helper()
+	if c.gap {
+		c.mu.Lock()
+		c.failed = true
+		c.mu.Unlock()
+		c.t.Logf("%s [%s]: %s", c.row, c.label, fmt.Sprintf(format, args...))
+		return
+	}
 	c.t.Errorf("%s [%s]: %s", c.row, c.label, fmt.Sprintf(format, args...))
 }
 
 func (c *contract) fatalf(format string, args ...any) {
 	c.t.Helper()
+	if c.gap {
+		c.errorf(format, args...)
+		panic(gapAbort{})
+	}
 	c.t.Fatalf("%s [%s]: %s", c.row, c.label, fmt.Sprintf(format, args...))
 }
 
