@@ -821,7 +821,7 @@ var _ = Describe("BillingProvider validation of type Lago", func() {
 		bp := &hooksv1alpha1.BillingProvider{ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "lago-"},
 			Spec: hooksv1alpha1.BillingProviderSpec{Type: hooksv1alpha1.BillingProviderLago, Endpoint: "https://api.getlago.com",
 				CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "lago", Key: "key"},
-				Lago: &hooksv1alpha1.LagoSettings{Metrics: []hooksv1alpha1.LagoMetric{{Meter: "tokens", Code: "llm_tokens", FieldName: "tokens"}}}}}
+				Lago:                 &hooksv1alpha1.LagoSettings{Metrics: []hooksv1alpha1.LagoMetric{{Meter: "tokens", Code: "llm_tokens", FieldName: "tokens"}}}}}
 		mutate(&bp.Spec)
 		return k8s.Create(ctx, bp)
 	}
@@ -844,7 +844,9 @@ var _ = Describe("BillingProvider validation of type Lago", func() {
 		expectInvalid(lago(ns, func(s *hooksv1alpha1.BillingProviderSpec) { s.Lago.Metrics[0].FieldName = "settlement_key" }),
 			"properties the operator writes")
 		expectInvalid(lago(ns, func(s *hooksv1alpha1.BillingProviderSpec) { s.Lago.Metrics = nil }), "spec.lago.metrics")
-		expectInvalid(lago(ns, func(s *hooksv1alpha1.BillingProviderSpec) { s.Lago.GracePeriod = &metav1.Duration{Duration: time.Minute} }),
+		expectInvalid(lago(ns, func(s *hooksv1alpha1.BillingProviderSpec) {
+			s.Lago.GracePeriod = &metav1.Duration{Duration: time.Minute}
+		}),
 			"between 1h and 90 days")
 	})
 })

@@ -199,12 +199,12 @@ func TestRefusedBeforeSending(t *testing.T) {
 		mutate func(*billing.Request)
 		code   string
 	}{
-		"amount":        {func(r *billing.Request) { r.Amount = &billing.Amount{Minor: 100, Currency: "USD"} }, "amount_not_supported"},
-		"refund":        {func(r *billing.Request) { r.Type, r.Reverses = billing.TypeRefund, "contract/x" }, "no_reversal"},
-		"void":          {func(r *billing.Request) { r.Type, r.Reverses = billing.TypeVoid, "contract/x" }, "no_reversal"},
-		"unknown meter": {func(r *billing.Request) { r.Usage.Meter = "gpu-seconds" }, "unknown_meter"},
-		"bad quantity":  {func(r *billing.Request) { r.Usage.Quantity = "-1" }, "invalid_quantity"},
-		"no usage":      {func(r *billing.Request) { r.Usage = nil }, "nothing_to_charge"},
+		"amount":                       {func(r *billing.Request) { r.Amount = &billing.Amount{Minor: 100, Currency: "USD"} }, "amount_not_supported"},
+		"refund":                       {func(r *billing.Request) { r.Type, r.Reverses = billing.TypeRefund, "contract/x" }, "no_reversal"},
+		"void":                         {func(r *billing.Request) { r.Type, r.Reverses = billing.TypeVoid, "contract/x" }, "no_reversal"},
+		"unknown meter":                {func(r *billing.Request) { r.Usage.Meter = "gpu-seconds" }, "unknown_meter"},
+		"bad quantity":                 {func(r *billing.Request) { r.Usage.Quantity = "-1" }, "invalid_quantity"},
+		"no usage":                     {func(r *billing.Request) { r.Usage = nil }, "nothing_to_charge"},
 		"dated without a grace period": {func(r *billing.Request) { r.OccurredAt = time.Now().Add(-time.Minute) }, "event_too_old"},
 		"dated ahead":                  {func(r *billing.Request) { r.OccurredAt = time.Now().Add(time.Hour) }, "event_in_future"},
 	} {
