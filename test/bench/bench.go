@@ -80,6 +80,10 @@ type Config struct {
 	// ArchiveEvents is how many events item 6, the sustained phase with the archive
 	// on, pushes through the whole pipeline (50000); negative skips it.
 	ArchiveEvents int
+	// ArchiveDuration, when set, replaces ArchiveEvents by as many events as the
+	// sustained phase sends in that time at its rate (known only after calibration):
+	// a run of a given length at the rate the pipeline sustains.
+	ArchiveDuration time.Duration
 	// ArchiveOnly skips items 1-5.
 	ArchiveOnly bool
 	// ArchiveAfter is the manager's --archive-after in item 6 (5s).
@@ -173,6 +177,7 @@ func (c *Config) defaults() {
 // run is one benchmark run's shared state.
 type run struct {
 	cfg          Config
+	cpu0         map[string]float64 // CPU of the run's processes when the latency phase began
 	res          *Results
 	env          *envtest.Environment
 	restCfg      *rest.Config
@@ -361,6 +366,9 @@ func (b *run) latency(ctx context.Context, op *operator, billing *fakebilling.Se
 		return err
 	}
 	calls0 := billing.Calls()
+	if b.cpu0, err = cpuSeconds(nil); err != nil {
+		return err
+	}
 	events := 0
 	// Warm-up (not reported): connections, caches, the billing client.
 	warm := b.openLoop(ctx, t, hc, url, "warm", 20, 40)
