@@ -10,6 +10,7 @@ import (
 
 	"github.com/settlement-operator/settlement-operator/test/adaptercontract"
 	"github.com/settlement-operator/settlement-operator/test/fakebilling"
+	"github.com/settlement-operator/settlement-operator/test/fakelago"
 	"github.com/settlement-operator/settlement-operator/test/fakestripe"
 )
 
@@ -19,6 +20,20 @@ var fixtures = []fixture{
 	{"http", fakebilling.ContractFixture, nil},
 	{"stripe-usage", fakestripe.UsageContractFixture, nil},
 	{"stripe-amount", fakestripe.AmountContractFixture, nil},
+	{"lago", started(fakelago.Start, fakelago.Options{}), nil},
+}
+
+// started adapts a fake whose Start returns the fixture itself to the list.
+func started[F adaptercontract.Fixture, O any](start func(O) (F, error), opts O) func(t *testing.T) adaptercontract.Fixture {
+	return func(t *testing.T) adaptercontract.Fixture {
+		t.Helper()
+		f, err := start(opts)
+		if err != nil {
+			t.Fatalf("start the fake: %v", err)
+		}
+		t.Cleanup(f.Close)
+		return f
+	}
 }
 
 type fixture struct {
