@@ -94,15 +94,16 @@ type Server struct {
 	srv  *http.Server
 	url  string
 
-	mu       sync.Mutex
-	events   map[string]*Event // by transaction_id
-	order    []string
-	effects  map[string]int
-	requests []Request
-	searches int
-	faults   []adaptercontract.Fault
-	seq      int
-	hold     chan struct{}
+	mu         sync.Mutex
+	events     map[string]*Event // by transaction_id
+	order      []string
+	effects    map[string]int
+	requests   []Request
+	searches   int
+	faults     []adaptercontract.Fault
+	searchFail []int
+	seq        int
+	hold       chan struct{}
 }
 
 var _ adaptercontract.Fixture = (*Server)(nil)
@@ -206,6 +207,16 @@ func (s *Server) Fail(f adaptercontract.Fault, n int) {
 	defer s.mu.Unlock()
 	for range n {
 		s.faults = append(s.faults, f)
+	}
+}
+
+// FailSearch makes the fake answer the next n events searches with status (429 with
+// Retry-After, or any error status with a {"message"} body), answering nothing found.
+func (s *Server) FailSearch(status, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.searchFail = append(s.searchFail, status)
 	}
 }
 
@@ -396,6 +407,15 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.searches++
+	if len(s.searchFail) > 0 {
+		status := s.searchFail[0]
+		s.searchFail = s.searchFail[1:]
+		if status == http.StatusTooManyRequests {
+			w.Header().Set("Retry-After", fmt.Sprint(int(s.opts.RetryAfter.Round(time.Second)/time.Second)))
+		}
+		writeJSONLocked(w, status, map[string]string{"message": http.StatusText(status)})
+		return
+	}
 	now := s.opts.Now()
 	out := []searchedEvent{}
 	for _, id := range body.TransactionIDs {

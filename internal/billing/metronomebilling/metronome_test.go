@@ -2,6 +2,7 @@ package metronomebilling_test
 
 import (
 	"context"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -234,9 +235,19 @@ func TestEveryDocumentedAnswerIsClassified(t *testing.T) {
 		t.Fatalf("400: %v", e)
 	}
 
-	// A closed fake: the request never connected, Transient.
-	fake.Close()
-	_, err = c.Submit(context.Background(), fake.Charge("k-down"))
+	// Nothing listening: the request never connected, Transient.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	down, err := metronomebilling.New(metronomebilling.Config{Endpoint: "http://" + addr, Token: fake.Token(),
+		Meters: map[string]metronomebilling.Meter{fakemetronome.DefaultMeter: {EventType: fakemetronome.DefaultEventType}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = down.Submit(context.Background(), fake.Charge("k-down"))
 	if e := classOf(t, err); e.Class != billing.Transient {
 		t.Fatalf("refused connection: %v", e)
 	}
@@ -316,5 +327,27 @@ func TestCapabilitiesAndDating(t *testing.T) {
 	}
 	if _, err := metronomebilling.New(metronomebilling.Config{Token: "t", Endpoint: "ftp://x"}); err == nil {
 		t.Fatal("a non-http endpoint is refused")
+	}
+}
+
+// The search is a read: nothing it answers can have committed anything.
+func TestSearchAnswersAreClassifiedAsReads(t *testing.T) {
+	fake, c := start(t)
+	r := fake.Charge("k-search")
+	r.FirstSubmittedAt = time.Now()
+	for _, tc := range []struct {
+		status int
+		retry  time.Duration
+	}{{500, 0}, {429, time.Second}, {401, 0}, {403, 0}} {
+		fake.FailSearch(tc.status, 1)
+		_, found, err := billing.LookupFor(context.Background(), c, r)
+		e := classOf(t, err)
+		if found || e.Class != billing.Transient || e.Status != tc.status || e.RetryAfter != tc.retry {
+			t.Fatalf("search %d: found=%v %v (retry after %s)", tc.status, found, e, e.RetryAfter)
+		}
+	}
+	fake.FailSearch(400, 1)
+	if _, _, err := billing.LookupFor(context.Background(), c, r); classOf(t, err).Class != billing.Terminal {
+		t.Fatalf("a refused search is refused again: %v", err)
 	}
 }
