@@ -65,7 +65,9 @@ var _ = Describe("a Metronome billing provider", func() {
 			HaveField("EventType", fakemetronome.DefaultEventType), HaveField("Timestamp", at.Format(time.RFC3339))))
 		Expect(events[0].Properties).To(SatisfyAll(HaveKeyWithValue("quantity", "1523"),
 			HaveKeyWithValue(metronomebilling.PropSettlementKey, bs.Spec.SettlementKey)))
-		Expect(fake.Searches()).To(BeNumerically(">=", 1), "the lost answer was asked for through the events search")
+		Expect(fake.Requests()).To(ContainElement(HaveField("Status", 0)), "the first answer was lost")
+		Expect(bs.Status.Attempts).To(Equal(int32(1)), "the lost answer was found through the events search, not sent again")
+		Expect(fake.Searches()).To(BeNumerically(">=", 1))
 
 		// The pass: Metronome lists no events by time; the settled charge is confirmed by
 		// its transaction ID, and nothing is sent.
@@ -101,5 +103,22 @@ var _ = Describe("a Metronome billing provider", func() {
 		Expect(ready.Reason).To(Equal(hooksv1alpha1.ReasonTerminalError))
 		Expect(ready.Message).To(ContainSubstring(`no Metronome event type is configured for usage meter "tokens"`))
 		Expect(fake.Requests()).To(BeEmpty())
+	})
+
+	It("dates an event when it is sent when the sender gives no completion time", func() {
+		ns := metronomeTenant(fake, func(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
+			wp.Spec.Routes[0].Operations[0].JobCompletion.CompletedAt = ""
+		})
+		sent := time.Now().Add(-time.Second)
+		sendOK(ns, "msg_metronome_undated", jobEvent("job-metronome-undated", 1, 7))
+		Eventually(settlementState(ns, "job-metronome-undated")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		bs := settlementOf(ns, "job-metronome-undated")
+		Expect(bs.Spec.OccurredAt).To(BeNil())
+		events := fake.Events()
+		Expect(events).To(HaveLen(1))
+		at, err := time.Parse(time.RFC3339Nano, events[0].Timestamp)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(at).To(BeTemporally(">=", sent), "Metronome needs a time: the one it was sent at")
+		Expect(fake.Effects(bs.Spec.IdempotencyKey)).To(Equal(1))
 	})
 })
