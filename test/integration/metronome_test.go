@@ -103,6 +103,14 @@ var _ = Describe("a Metronome billing provider", func() {
 		Expect(ready.Reason).To(Equal(hooksv1alpha1.ReasonTerminalError))
 		Expect(ready.Message).To(ContainSubstring(`no Metronome event type is configured for usage meter "tokens"`))
 		Expect(fake.Requests()).To(BeEmpty())
+		// Nothing was sent, so nothing was learnt about Metronome: its health is not
+		// reported as an endpoint that cannot be reached.
+		Consistently(func() string {
+			if c := billingProviderCondition(ns, hooksv1alpha1.ConditionProviderHealthy)(); c != nil {
+				return c.Reason
+			}
+			return ""
+		}).WithTimeout(3 * time.Second).ShouldNot(Equal(hooksv1alpha1.ReasonEndpointUnreachable))
 	})
 
 	It("dates an event when it is sent when the sender gives no completion time", func() {

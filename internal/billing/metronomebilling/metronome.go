@@ -436,7 +436,7 @@ func (c *Client) List(context.Context, time.Time, string) ([]billing.Record, str
 func (c *Client) post(ctx context.Context, path string, body []byte, mutating bool) (billing.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint+path, bytes.NewReader(body))
 	if err != nil {
-		return billing.Response{}, &billing.Error{Class: billing.Terminal, Code: "bad_request", Message: "the request could not be built", Err: err}
+		return billing.Response{}, &billing.Error{Class: billing.Terminal, Code: "bad_request", Message: "the request could not be built", Err: err, Local: true}
 	}
 	req.Header.Set("Authorization", "Bearer "+c.cfg.Token)
 	req.Header.Set("Content-Type", "application/json")
@@ -444,8 +444,9 @@ func (c *Client) post(ctx context.Context, path string, body []byte, mutating bo
 	return billing.Do(c.hc, req, mutating)
 }
 
+// terminal is a request the adapter refuses before sending anything (Local).
 func terminal(code, msg string) *billing.Error {
-	return &billing.Error{Class: billing.Terminal, Code: code, Message: msg}
+	return &billing.Error{Class: billing.Terminal, Code: code, Message: msg, Local: true}
 }
 
 // classify turns a Metronome answer other than 200 into the operator's three classes,

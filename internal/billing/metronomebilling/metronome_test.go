@@ -279,7 +279,7 @@ func TestRefusedUnsent(t *testing.T) {
 		"future": {future, "event_in_future"}, "negative": {negative, "invalid_quantity"},
 	} {
 		_, err := c.Submit(context.Background(), tc.r)
-		if e := classOf(t, err); e.Class != billing.Terminal || e.Code != tc.code || e.Message == "" {
+		if e := classOf(t, err); e.Class != billing.Terminal || e.Code != tc.code || e.Message == "" || !e.Local {
 			t.Fatalf("%s: %v", name, e)
 		}
 	}
