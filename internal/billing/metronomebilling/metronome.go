@@ -174,7 +174,7 @@ func (c *Client) Capabilities(r billing.Request) billing.Capabilities { return R
 //     them); inside Metronome's 34-day window a resend is proof — Metronome either
 //     ingests it (nothing was there) or ignores it as a duplicate of an event it holds
 //     under our key, and since only this settlement sends a namespaced key, what it
-//     holds is this request (a legacy key's record proves existence only: Omitted);
+//     holds is this request (a legacy key's held copy is read back and compared);
 //   - anything else is refused before it is sent: nothing of it is ever at Metronome.
 func RequestCapabilities(r billing.Request) billing.Capabilities {
 	if r.Type == billing.TypeCharge && r.Usage != nil && r.Amount == nil {
@@ -251,7 +251,7 @@ func (c *Client) Submit(ctx context.Context, r billing.Request) (billing.Record,
 		props[PropUnit] = r.Usage.Unit
 	}
 	body, err := json.Marshal([]event{{TransactionID: r.IdempotencyKey, CustomerID: r.Customer, EventType: m.EventType,
-		Timestamp: at.UTC().Format(time.RFC3339Nano), Properties: props}})
+		Timestamp: wireTime(at), Properties: props}})
 	if err != nil {
 		return billing.Record{}, terminal("unencodable", "the usage event could not be encoded: "+err.Error())
 	}
@@ -269,13 +269,23 @@ func (c *Client) Submit(ctx context.Context, r billing.Request) (billing.Record,
 	// settlement's namespace and immutable settlement key and sent by nothing but this
 	// settlement, so what Metronome holds is this request (docs/decisions.md "Resend as
 	// the lookup"). A legacy key is the same in every namespace: another tenant's event
-	// may hold it, so the record proves existence only, fails Match, and a human looks.
-	rec := requestRecord(r)
-	if !r.KeyNamespaced {
-		rec.Omitted = []string{"customer", "usage"}
+	// may hold it, so what Metronome holds is read back through the search for Match to
+	// compare; when the search cannot show it yet, the record proves existence only,
+	// fails Match, and a human looks.
+	if r.KeyNamespaced {
+		return requestRecord(r), nil
 	}
+	if held, found, err := c.search(ctx, r.IdempotencyKey, r); err == nil && found {
+		return held, nil
+	}
+	rec := requestRecord(r)
+	rec.Omitted = []string{"customer", "usage"}
 	return rec, nil
 }
+
+// wireTime is t as Metronome's documented examples write a timestamp: RFC 3339 in UTC,
+// a 4-digit year, whole seconds (a usage time's fraction of a second bills nothing).
+func wireTime(t time.Time) string { return t.UTC().Truncate(time.Second).Format(time.RFC3339) }
 
 func requestRecord(r billing.Request) billing.Record {
 	u := *r.Usage

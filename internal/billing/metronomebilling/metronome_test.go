@@ -63,7 +63,7 @@ func TestSubmitSendsOneUsageEventUnderTheKey(t *testing.T) {
 		e.Properties[metronomebilling.PropUnit] != "tokens" {
 		t.Fatalf("event %+v", e)
 	}
-	if at, _ := time.Parse(time.RFC3339Nano, e.Timestamp); !at.Equal(r.OccurredAt) {
+	if e.Timestamp != r.OccurredAt.UTC().Format(time.RFC3339) {
 		t.Fatalf("timestamp %s, want the usage's time %s", e.Timestamp, r.OccurredAt)
 	}
 }
@@ -92,14 +92,31 @@ func TestResendKeepsTheFirstCopy(t *testing.T) {
 	if _, ok := billing.Match(other, rec); !ok {
 		t.Fatal("a namespaced key's resend is proof of this request")
 	}
+	// A legacy key may be another namespace's: what Metronome holds is read back and
+	// compared, never taken on the 200.
 	legacy := other
 	legacy.KeyNamespaced = false
 	rec, err = c.Submit(context.Background(), legacy)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m, ok := billing.Match(legacy, rec); ok || !m.Missing {
-		t.Fatalf("a legacy key's resend proves existence only, got match=%v %s", ok, m)
+	if m, ok := billing.Match(legacy, rec); ok || m.Field != "usage.quantity" {
+		t.Fatalf("a legacy key's resend is what Metronome holds, the first copy: match=%v %s", ok, m)
+	}
+	same := r
+	same.KeyNamespaced = false
+	if rec, err = c.Submit(context.Background(), same); err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := billing.Match(same, rec); !ok {
+		t.Fatalf("a legacy key whose held copy is this request is proven by the search: %s", m)
+	}
+	fake.FailSearch(429, 1)
+	if rec, err = c.Submit(context.Background(), same); err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := billing.Match(same, rec); ok || !m.Missing {
+		t.Fatalf("without the search, a legacy key's 200 proves existence only: match=%v %s", ok, m)
 	}
 	looked, found, err := billing.LookupFor(context.Background(), c, other)
 	if err != nil || !found {
