@@ -207,7 +207,9 @@ func (a *Reconciler) jobHeld(ctx context.Context, obj client.Object) (string, er
 	if !apierrors.IsNotFound(err) {
 		return "", err
 	}
-	got, err := a.Archive.Settlement(ctx, jc.Namespace, name)
+	got, err := lookup(ctx, func(ctx context.Context) (*hooksv1alpha1.BillingSettlement, error) {
+		return a.Archive.Settlement(ctx, jc.Namespace, name)
+	})
 	metrics.NoteArchive("BillingSettlement", err)
 	if err != nil || got != nil {
 		return "", err
@@ -248,7 +250,9 @@ func (a *Reconciler) settlementHeld(ctx context.Context, obj client.Object) (str
 	var jc hooksv1alpha1.JobCompletion
 	err := a.Get(ctx, types.NamespacedName{Namespace: bs.Namespace, Name: identity.JobCompletionName(bs.Spec.WebhookProvider, bs.Spec.JobID)}, &jc)
 	if apierrors.IsNotFound(err) {
-		got, aerr := a.Archive.LatestJob(ctx, bs.Namespace, bs.Spec.WebhookProvider, bs.Spec.JobID)
+		got, aerr := lookup(ctx, func(ctx context.Context) (*hooksv1alpha1.JobCompletion, error) {
+			return a.Archive.LatestJob(ctx, bs.Namespace, bs.Spec.WebhookProvider, bs.Spec.JobID)
+		})
 		metrics.NoteArchive("JobCompletion", aerr)
 		if aerr != nil || got == nil {
 			return "", aerr
@@ -473,4 +477,26 @@ func lower(s string) string {
 		}
 	}
 	return string(b)
+}
+
+// DefaultLookupConcurrency is how many of the archiver's held checks may read the
+// archive at once. The archiver runs a hundred workers per kind, and a batch of
+// settlements leaving sends a hundred jobs to ask the archive for their charge at
+// once; the settlement controller's pre-submit check shares the pool and fails closed
+// without a connection, so these checks queue here, not in the pool.
+const DefaultLookupConcurrency = 2
+
+// lookupSlots holds the archiver's held checks to DefaultLookupConcurrency at once.
+var lookupSlots = make(chan struct{}, DefaultLookupConcurrency)
+
+// lookup runs one held check's archive read in a slot.
+func lookup[T any](ctx context.Context, read func(context.Context) (T, error)) (T, error) {
+	select {
+	case lookupSlots <- struct{}{}:
+	case <-ctx.Done():
+		var zero T
+		return zero, ctx.Err()
+	}
+	defer func() { <-lookupSlots }()
+	return read(ctx)
 }

@@ -153,6 +153,9 @@ func Open(cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// InUse is how many of the pool's connections are held by calls right now.
+func (s *Store) InUse() int { return int(s.pool.Stat().AcquiredConns()) }
+
 // Close closes the pool.
 func (s *Store) Close() { s.pool.Close() }
 

@@ -428,7 +428,7 @@ func (b *run) archivePhase(ctx context.Context, bin string) (err error) {
 
 	// The sustained phase: N events at the target rate, sampled every N/samples sent.
 	time.Sleep(2 * time.Second)
-	samples := &sampler{b: b, op: op, t: t, db: db, start: time.Now()}
+	samples := &sampler{b: b, op: op, t: t, db: db, start: time.Now(), roots: map[int]string{pg.Pid(): "postgres"}}
 	if _, err := samples.take(ctx, "idle"); err != nil {
 		return err
 	}
@@ -444,7 +444,16 @@ func (b *run) archivePhase(ctx context.Context, bin string) (err error) {
 	if err != nil {
 		return err
 	}
+	pgRoot := map[int]string{pg.Pid(): "postgres"}
+	cpu0, err := cpuSeconds(pgRoot)
+	if err != nil {
+		return err
+	}
 	n := cfg.ArchiveEvents
+	if cfg.ArchiveDuration > 0 {
+		n = max(1, int(rate*cfg.ArchiveDuration.Seconds()))
+		a.Events = n
+	}
 	b.logf("item 6: sustained, %d events at %.1f/s (reconciliation every %s, --archive-after=%s)", n, rate, interval, cfg.ArchiveAfter)
 	p := newPacer(rate)
 	samples.pacer = p
@@ -480,9 +489,16 @@ func (b *run) archivePhase(ctx context.Context, bin string) (err error) {
 			if err != nil {
 				return err
 			}
-			b.logf("item 6: %d/%d sent, %d processed, backlog %d, live WE/JC/BS %d/%d/%d, etcd %s compacted (%s raw), RSS %s, PG %s",
+			cpu := "-"
+			if k := len(samples.out); k >= 2 {
+				prev := samples.out[k-2]
+				if d := s.Processed - prev.Processed; d > 0 {
+					cpu = fmt.Sprintf("%.0f ms", (cpuTotal(s.CPUSeconds)-cpuTotal(prev.CPUSeconds))*1000/float64(d))
+				}
+			}
+			b.logf("item 6: %d/%d sent, %d processed, backlog %d, live WE/JC/BS %d/%d/%d, etcd %s compacted (%s raw), RSS %s, PG %s, CPU/processed event %s",
 				s.Sent, n, s.Processed, s.Backlog, s.LiveObjects["WebhookEvent"], s.LiveObjects["JobCompletion"],
-				s.LiveObjects["BillingSettlement"], mib(s.EtcdCompactedBytes), mib(s.EtcdRawInUseBytes), mib(s.RSSBytes), mib(s.PostgresBytes))
+				s.LiveObjects["BillingSettlement"], mib(s.EtcdCompactedBytes), mib(s.EtcdRawInUseBytes), mib(s.RSSBytes), mib(s.PostgresBytes), cpu)
 			for nextSample <= sent {
 				nextSample += every
 			}
@@ -547,6 +563,11 @@ func (b *run) archivePhase(ctx context.Context, bin string) (err error) {
 	if err != nil {
 		return err
 	}
+	cpu1, err := cpuSeconds(pgRoot)
+	if err != nil {
+		return err
+	}
+	a.CPUMillisPerEvent = cpuPerEvent(cpu0, cpu1, n)
 	a.Samples = samples.out
 	a.summarize(ds, n)
 	d := w1.since(w0)
@@ -793,6 +814,7 @@ type sampler struct {
 	db             *pgx.Conn
 	pacer          *pacer
 	start          time.Time
+	roots          map[int]string // processes of the run that are not its children (cpuSeconds)
 	out            []ArchiveSample
 	prevCompacted  int64
 	prevHistorySum int64
@@ -815,6 +837,9 @@ func (s *sampler) take(ctx context.Context, label string) (ArchiveSample, error)
 		sm.Archived[k] = c.archived[i]
 	}
 	var err error
+	if sm.CPUSeconds, err = cpuSeconds(s.roots); err != nil {
+		return sm, err
+	}
 	if sm.RSSBytes, sm.PeakRSSBytes, err = rss(s.op.Pid()); err != nil {
 		return sm, err
 	}

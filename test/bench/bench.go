@@ -80,6 +80,10 @@ type Config struct {
 	// ArchiveEvents is how many events item 6, the sustained phase with the archive
 	// on, pushes through the whole pipeline (50000); negative skips it.
 	ArchiveEvents int
+	// ArchiveDuration, when set, replaces ArchiveEvents by as many events as the
+	// sustained phase sends in that time at its rate (known only after calibration):
+	// a run of a given length at the rate the pipeline sustains.
+	ArchiveDuration time.Duration
 	// ArchiveOnly skips items 1-5.
 	ArchiveOnly bool
 	// ArchiveAfter is the manager's --archive-after in item 6 (5s).
@@ -361,6 +365,10 @@ func (b *run) latency(ctx context.Context, op *operator, billing *fakebilling.Se
 		return err
 	}
 	calls0 := billing.Calls()
+	cpu0, err := cpuSeconds(nil)
+	if err != nil {
+		return err
+	}
 	events := 0
 	// Warm-up (not reported): connections, caches, the billing client.
 	warm := b.openLoop(ctx, t, hc, url, "warm", 20, 40)
@@ -438,6 +446,11 @@ func (b *run) latency(ctx context.Context, op *operator, billing *fakebilling.Se
 		return err
 	}
 	b.res.Cost.UnderCapacity = under
+	cpu1, err := cpuSeconds(nil)
+	if err != nil {
+		return err
+	}
+	b.res.Cost.CPUMillisPerEvent = cpuPerEvent(cpu0, cpu1, events)
 	// One settlement per event: what each cost the billing provider.
 	calls := billing.Calls()
 	c := &b.res.Cost

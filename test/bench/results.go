@@ -170,6 +170,9 @@ type Cost struct {
 	WritesPerEvent        float64      `json:"writesPerEvent"`
 	RefusedWritesPerEvent float64      `json:"refusedWritesPerEvent"`
 	Writes                []WriteShare `json:"writes"`
+	// CPUMillisPerEvent is the CPU time each process used over the same events, in ms
+	// (see ArchiveResult.CPUMillisPerEvent).
+	CPUMillisPerEvent map[string]float64 `json:"cpuMillisPerEvent,omitempty"`
 	// LiveGetsPerEvent counts GETs of single objects per event by resource (reads
 	// past the informer cache, by the operator and the benchmark alike): what the
 	// settlement controller's freshness check and other live reads cost.
@@ -340,6 +343,10 @@ type ArchivePhase struct {
 	Writes                    []WriteShare `json:"writes"`
 	EtcdPutsPerEvent          float64      `json:"etcdPutsPerEvent"`
 	EtcdReceivedBytesPerEvent float64      `json:"etcdReceivedBytesPerEvent"`
+	// CPUMillisPerEvent is the CPU time each process of the run used between the idle
+	// and the drained sample ÷ Events, in ms: kube-apiserver, etcd, manager, postgres
+	// and the bench itself (senders, watches, the fake billing provider).
+	CPUMillisPerEvent map[string]float64 `json:"cpuMillisPerEvent,omitempty"`
 	// Controllers is each controller's work per sustained event (idle → drained).
 	Controllers map[string]ControllerCost `json:"controllers,omitempty"`
 	// ArchiveMetrics are the manager's settlement_archive* counters over the same span.
@@ -389,6 +396,10 @@ type ArchiveSample struct {
 	Processed  int            `json:"processed"`
 	Backlog    int            `json:"backlog"`
 	Archived   map[string]int `json:"archived"`
+	// CPUSeconds is each process's CPU time since it started (cpuSeconds): two
+	// samples' difference ÷ the events processed between them shows whether an event
+	// costs more as the archive grows.
+	CPUSeconds map[string]float64 `json:"cpuSeconds,omitempty"`
 	// LiveObjects per kind in the phase's namespace, counted in etcd; LiveBytes their
 	// keys and values (Events estimated from up to 1000 of them); LiveRecordBytes the
 	// three archived kinds together.

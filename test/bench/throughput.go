@@ -19,7 +19,15 @@ type Throughput struct {
 	WritesPerEventArchiveOn          float64 `json:"writesPerEventArchiveOn,omitempty"`
 	WritesPerEventArchiveOff         float64 `json:"writesPerEventArchiveOff,omitempty"`
 	WritesPerEventArchiveOffUnderCap float64 `json:"writesPerEventArchiveOffUnderCapacity,omitempty"`
-	Goals                            []Goal  `json:"goals"`
+	// CPUMillisPerEventArchiveOn/Off is the pipeline's CPU per event (every process
+	// but the bench's own), and CPUBoundArchiveOn/Off the rate that CPU allows on
+	// this machine's cores: what bounds a CPU-bound pipeline, whatever the workers.
+	CPUMillisPerEventArchiveOn  float64 `json:"cpuMillisPerEventArchiveOn,omitempty"`
+	CPUMillisPerEventArchiveOff float64 `json:"cpuMillisPerEventArchiveOff,omitempty"`
+	CPUBoundArchiveOn           float64 `json:"cpuBoundArchiveOn,omitempty"`
+	CPUBoundArchiveOff          float64 `json:"cpuBoundArchiveOff,omitempty"`
+	cpuOn, cpuOff               map[string]float64
+	Goals                       []Goal `json:"goals"`
 }
 
 // throughput fills Results.Throughput from what the phases measured.
@@ -37,6 +45,10 @@ func (b *run) throughput() {
 	if off {
 		c := &r.Cost
 		t.WritesPerEventArchiveOff = c.WritesPerEvent
+		if ms := cpuTotal(c.CPUMillisPerEvent); ms > 0 {
+			t.CPUMillisPerEventArchiveOff, t.CPUBoundArchiveOff = ms, round(float64(r.Machine.CPUs)*1000/ms, 1)
+			t.cpuOff = c.CPUMillisPerEvent
+		}
 		add("archive off: writes per event (all levels)", "≤ 6 (direction ≤ 5)", c.WritesPerEvent, 6, true, "writes/event")
 		if u := c.UnderCapacity; u != nil {
 			t.WritesPerEventArchiveOffUnderCap = u.WritesPerEvent
@@ -54,6 +66,10 @@ func (b *run) throughput() {
 	}
 	if a := r.Archive; a != nil {
 		t.WritesPerEventArchiveOn = a.WritesPerEvent
+		if ms := cpuTotal(a.CPUMillisPerEvent); ms > 0 {
+			t.CPUMillisPerEventArchiveOn, t.CPUBoundArchiveOn = ms, round(float64(r.Machine.CPUs)*1000/ms, 1)
+			t.cpuOn = a.CPUMillisPerEvent
+		}
 		add("archive on: sustained events/s (fully processed)", "≥ 80/s on 2 cores (direction)", a.Rates.ProcessedPerSecond, 80, false, "events/s")
 		if off {
 			t.ArchiveOnToOff = ratio(a.Rates.ProcessedPerSecond, r.Latency.PipelineSettledPerSecond)
@@ -75,6 +91,10 @@ func printThroughput(w io.Writer, t *Throughput) {
 	if t.WritesPerEventArchiveOn > 0 {
 		fmt.Fprintf(w, "  writes per event, receipt to last record deleted: archive on %s, archive off %s (at half the pipeline %s)\t\t\t\n",
 			f2(t.WritesPerEventArchiveOn), f2(t.WritesPerEventArchiveOff), f2(t.WritesPerEventArchiveOffUnderCap))
+	}
+	if t.cpuOn != nil || t.cpuOff != nil {
+		fmt.Fprintf(w, "  CPU per event: archive on %s → at most %s events/s on these cores\t\t\t\n", cpuLine(t.cpuOn), f2(t.CPUBoundArchiveOn))
+		fmt.Fprintf(w, "  CPU per event: archive off %s → at most %s events/s on these cores\t\t\t\n", cpuLine(t.cpuOff), f2(t.CPUBoundArchiveOff))
 	}
 	for _, g := range t.Goals {
 		fmt.Fprintf(w, "  %s\t%s\t%s %s\t%v\n", g.Name, g.Goal, f2(g.Value), g.Unit, g.Met)

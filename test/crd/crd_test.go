@@ -815,3 +815,38 @@ func midParagraphBreak(d string) (string, bool) {
 }
 
 var listMarker = regexp.MustCompile(`^(?:[-*+] |[0-9]+[.)] )`)
+
+var _ = Describe("BillingProvider validation of type Lago", func() {
+	lago := func(ns string, mutate func(*hooksv1alpha1.BillingProviderSpec)) error {
+		bp := &hooksv1alpha1.BillingProvider{ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "lago-"},
+			Spec: hooksv1alpha1.BillingProviderSpec{Type: hooksv1alpha1.BillingProviderLago, Endpoint: "https://api.getlago.com",
+				CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "lago", Key: "key"},
+				Lago:                 &hooksv1alpha1.LagoSettings{Metrics: []hooksv1alpha1.LagoMetric{{Meter: "tokens", Code: "llm_tokens", FieldName: "tokens"}}}}}
+		mutate(&bp.Spec)
+		return k8s.Create(ctx, bp)
+	}
+	It("accepts a metric mapping and a grace period", func() {
+		Expect(lago(newNamespace(), func(s *hooksv1alpha1.BillingProviderSpec) {
+			s.Lago.GracePeriod = &metav1.Duration{Duration: 72 * time.Hour}
+		})).To(Succeed())
+	})
+	It("requires spec.lago for type Lago and refuses it for another type", func() {
+		ns := newNamespace()
+		expectInvalid(lago(ns, func(s *hooksv1alpha1.BillingProviderSpec) { s.Lago = nil }), "lago settings are required for type Lago")
+		expectInvalid(lago(ns, func(s *hooksv1alpha1.BillingProviderSpec) { s.Type = hooksv1alpha1.BillingProviderHTTP }),
+			"apply to type Lago only")
+	})
+	It("refuses a billable metric mapped from two meters, a reserved field name and a grace period out of range", func() {
+		ns := newNamespace()
+		expectInvalid(lago(ns, func(s *hooksv1alpha1.BillingProviderSpec) {
+			s.Lago.Metrics = append(s.Lago.Metrics, hooksv1alpha1.LagoMetric{Meter: "gpu", Code: "llm_tokens", FieldName: "seconds"})
+		}), "each Lago billable metric code is mapped from one usage meter only")
+		expectInvalid(lago(ns, func(s *hooksv1alpha1.BillingProviderSpec) { s.Lago.Metrics[0].FieldName = "settlement_key" }),
+			"properties the operator writes")
+		expectInvalid(lago(ns, func(s *hooksv1alpha1.BillingProviderSpec) { s.Lago.Metrics = nil }), "spec.lago.metrics")
+		expectInvalid(lago(ns, func(s *hooksv1alpha1.BillingProviderSpec) {
+			s.Lago.GracePeriod = &metav1.Duration{Duration: time.Minute}
+		}),
+			"between 1h and 90 days")
+	})
+})

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -83,6 +84,18 @@ func (s *Server) StartAgain() error {
 	}
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off -c max_connections=200", s.Port, s.dir)
 	return s.run("pg_ctl", "-D", s.data, "-o", opts, "-l", filepath.Join(s.dir, "log"), "-w", "-t", "60", "start")
+}
+
+// Pid is the postmaster's process ID (from postmaster.pid), 0 when it is not running.
+// The postmaster is not a child of the test: pg_ctl starts it detached.
+func (s *Server) Pid() int {
+	raw, err := os.ReadFile(filepath.Join(s.data, "postmaster.pid"))
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	pid, _ := strconv.Atoi(strings.TrimSpace(line))
+	return pid
 }
 
 // Stop stops the server fast (open connections are cut), keeping its data.

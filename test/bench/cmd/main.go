@@ -49,6 +49,8 @@ func main() {
 		"Wall-time target: retained-event levels that would overrun it are extrapolated, not measured.")
 	flag.IntVar(&cfg.ArchiveEvents, "archive-events", 50000,
 		"Events the sustained phase with the archive on (item 6) pushes through the whole pipeline; 0 skips it. Smaller values make quick runs.")
+	flag.DurationVar(&cfg.ArchiveDuration, "archive-duration", 0,
+		"Instead of -archive-events: send for this long at item 6's rate (e.g. 30m for the flatness run).")
 	flag.BoolVar(&cfg.ArchiveOnly, "archive-only", false, "Run item 6 only (skip items 1-5).")
 	flag.DurationVar(&cfg.ArchiveAfter, "archive-after", 5*time.Second, "The manager's --archive-after in item 6.")
 	flag.DurationVar(&cfg.ReconcileInterval, "archive-reconcile-interval", 5*time.Second,

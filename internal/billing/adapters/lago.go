@@ -1,0 +1,22 @@
+package adapters
+
+import (
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+	"github.com/settlement-operator/settlement-operator/internal/billing/lagobilling"
+)
+
+// newLago builds the Lago adapter from spec.lago: each usage meter's billable metric
+// (code and field_name), and the grace period within which usage is dated at the job's
+// completion.
+func newLago(s Settings) (billing.Client, error) {
+	cfg := lagobilling.Config{Endpoint: s.Provider.Spec.Endpoint, APIKey: s.Token, Timeout: s.Timeout, Metrics: map[string]lagobilling.Metric{}}
+	if l := s.Provider.Spec.Lago; l != nil {
+		for _, m := range l.Metrics {
+			cfg.Metrics[m.Meter] = lagobilling.Metric{Code: m.Code, FieldName: m.FieldName}
+		}
+		if l.GracePeriod != nil {
+			cfg.GracePeriod = l.GracePeriod.Duration
+		}
+	}
+	return lagobilling.New(cfg)
+}
