@@ -608,9 +608,10 @@ func (c *contract) lookupFails() {
 	c.effects("after the lookups", r, 1)
 }
 
-// pastWindow: once the platform's deduplication window has passed, a declared lookup
-// still finds the charge (nothing else can answer then); a provider with no lookup
-// still says it cannot answer, never "not found".
+// pastWindow: once the platform's deduplication window has passed, a resend would be
+// new usage, so a lookup must never say "not found" of a charge the platform holds: a
+// declared lookup finds it, or — a platform that cannot read that far back — says it
+// cannot answer (Unanswerable); a provider with no lookup says it cannot answer.
 func (c *contract) pastWindow() {
 	r := c.charge("window")
 	start := time.Now()
@@ -634,9 +635,11 @@ func (c *contract) pastWindow() {
 			c.errorf("the capabilities declare no lookup, and the lookup failed without saying it cannot answer (Unanswerable): %v", err)
 		}
 	case err != nil:
-		c.errorf("the lookup (%s) past the window failed: %v", caps.Lookup, err)
+		if e := c.classified("the lookup past the window", err); !e.Unanswerable {
+			c.errorf("the lookup (%s) past the window failed without saying it cannot answer (Unanswerable): %v", caps.Lookup, err)
+		}
 	case !found:
-		c.errorf("the lookup (%s) past the window finds nothing, yet the platform holds the charge", caps.Lookup)
+		c.errorf("the lookup (%s) past the window says not found, yet the platform holds the charge: a resend now would charge again", caps.Lookup)
 	default:
 		c.matches("the lookup past the window", r, rec)
 	}
