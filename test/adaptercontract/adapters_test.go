@@ -26,7 +26,6 @@ var fixtures = []fixture{
 		adaptercontract.KnownGap("reconciliation finds the charge", metronomeNoListing),
 		adaptercontract.KnownGap("many charges", metronomeNoListing),
 		adaptercontract.KnownGap("past the key window", "the fake's 34-day window cannot pass without the adapter's clock, which the registry does not let a test move"),
-		adaptercontract.KnownGap("the client does not show the credential", "%#v prints the client's fields, the token among them"),
 	}},
 }
 
