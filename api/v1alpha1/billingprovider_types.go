@@ -7,7 +7,7 @@ import (
 // BillingProviderType is the kind of billing backend.
 // The enum lists exactly the types with an adapter (internal/billing/adapters), so no
 // config is accepted that the operator cannot serve.
-// +kubebuilder:validation:Enum=HTTP;Stripe
+// +kubebuilder:validation:Enum=HTTP;Stripe;OpenMeter
 type BillingProviderType string
 
 const (
@@ -209,6 +209,7 @@ type ReconciliationPolicy struct {
 // BillingProviderSpec configures one billing backend.
 // +kubebuilder:validation:XValidation:rule="self.endpoint.startsWith('https://') || self.allowInsecureHTTP",message="endpoint must use https:// unless allowInsecureHTTP is true"
 // +kubebuilder:validation:XValidation:rule="!has(self.stripe) || (has(self.type) && self.type == 'Stripe')",message="stripe settings apply to type Stripe only"
+// +kubebuilder:validation:XValidation:rule="has(self.openMeter) == (has(self.type) && self.type == 'OpenMeter')",message="openMeter is required for type OpenMeter and applies to it only: it maps each usage meter to its OpenMeter event type"
 // +kubebuilder:validation:XValidation:rule="!has(self.type) || self.type != 'Stripe' || !has(self.idempotencyWindow) || duration(self.idempotencyWindow) <= duration('24h')",message="a Stripe provider's idempotencyWindow is at most 24h: Stripe keeps idempotency keys for 24 hours"
 // +kubebuilder:validation:XValidation:rule="!has(self.type) || self.type != 'Stripe' || !has(self.requestTimeout) || duration(self.requestTimeout) <= duration('1m')",message="a Stripe provider's requestTimeout is at most 1m: a resend under a key must reach Stripe inside its 24-hour window"
 type BillingProviderSpec struct {
@@ -266,6 +267,8 @@ type BillingProviderSpec struct {
 	// stripe configures a provider of type Stripe: which Stripe meters usage goes to.
 	// +optional
 	Stripe *StripeSettings `json:"stripe,omitempty"`
+	// openMeter configures a provider of type OpenMeter: its event types, source and deduplication.
+	OpenMeter *OpenMeterSettings `json:"openMeter,omitempty"`
 
 	// reconciliation configures the periodic comparison with the provider.
 	// +optional

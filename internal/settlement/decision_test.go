@@ -55,7 +55,7 @@ var (
 		{Lookup: billing.LookupNone, Window: 24 * time.Hour},
 		noDedup,
 	}
-	noDedup = billing.Capabilities{Lookup: billing.LookupByListing, NoDeduplication: true}
+	noDedup     = billing.Capabilities{Lookup: billing.LookupByListing, NoDeduplication: true}
 	allObs      = []ObservationKind{ObsNone, ObsRecord, ObsNotFound, ObsTransient, ObsAmbiguous, ObsTerminal, ObsKeyReused, ObsInFlight, ObsUnanswerable}
 	recStatuses = []string{billing.StatusPending, billing.StatusSettled, billing.StatusFailed}
 )
@@ -549,8 +549,8 @@ func TestDecisionTable(t *testing.T) {
 				LastAttemptAt: at(-time.Minute), LastSubmission: hooksv1alpha1.SubmissionNotReceived},
 			in: notListed, action: ActContinue, state: submitted, exp: none},
 		{name: "no deduplication: the facts say the key was never presented: sent",
-			st: hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
-			in: func(in *Input) { notListed(in); in.NeverPresented = true },
+			st:     hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
+			in:     func(in *Input) { notListed(in); in.NeverPresented = true },
 			action: ActSubmit, state: pending, exp: possible},
 		{name: "deduplication for an hour: not listed inside it: the resend under the same id is the answer",
 			st: maybeAt(10 * time.Minute), in: func(in *Input) {
