@@ -181,6 +181,18 @@ func (s *Server) SetListingDelay(d time.Duration) {
 	s.delay = d
 }
 
+// IngestNow finishes ingesting every accepted event: all are listed from now on.
+func (s *Server) IngestNow() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	for i := range s.events {
+		if s.events[i].IngestedAt.After(now) {
+			s.events[i].IngestedAt = now
+		}
+	}
+}
+
 // Events is every event counted, in the order accepted.
 func (s *Server) Events() []Event {
 	s.mu.Lock()

@@ -1,0 +1,108 @@
+package integration_test
+
+import (
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/billing/openmeterbilling"
+	"github.com/settlement-operator/settlement-operator/test/adaptercontract"
+	"github.com/settlement-operator/settlement-operator/test/fakeopenmeter"
+	"github.com/settlement-operator/settlement-operator/test/fixtures"
+)
+
+// startFakeOpenMeter starts an OpenMeter fake deduplicating for dedup (0: not at all,
+// a self-hosted install's default), closed when the spec ends.
+func startFakeOpenMeter(dedup time.Duration) *fakeopenmeter.Server {
+	GinkgoHelper()
+	fake, err := fakeopenmeter.Start(fakeopenmeter.Options{Token: fakeopenmeter.Token, Deduplication: dedup})
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(fake.Close)
+	return fake
+}
+
+// openMeterTenantOn makes a tenant whose BillingProvider is the fake's OpenMeter
+// provider (usage meter tokens as events of type prompt.tokens).
+func openMeterTenantOn(fake *fakeopenmeter.Server) string {
+	GinkgoHelper()
+	want, token := fake.Provider()
+	return newTenantWithToken(token, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+		bp.Spec.Type, bp.Spec.Endpoint, bp.Spec.AllowInsecureHTTP = want.Spec.Type, want.Spec.Endpoint, true
+		bp.Spec.RequestTimeout = fixtures.Duration(time.Second)
+		bp.Spec.OpenMeter = want.Spec.OpenMeter
+	})
+}
+
+// Settling a job end to end through the whole operator against the OpenMeter fake,
+// where a resend is new usage unless the install deduplicates (docs/design.md §13,
+// §14): one event in the fake's books whatever happens.
+var _ = Describe("an OpenMeter billing provider", func() {
+	It("reports usage as one event under the settlement's key, after duplicate deliveries", func() {
+		fake := startFakeOpenMeter(0)
+		ns := openMeterTenantOn(fake)
+		for range 3 {
+			sendOK(ns, "msg_om_usage", jobEvent("job-om", 1, 1523))
+		}
+		Eventually(settlementState(ns, "job-om")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		bs := settlementOf(ns, "job-om")
+		Expect(bs.Status.ProviderRef).To(Equal(openmeterbilling.EventRef(bs.Spec.IdempotencyKey)))
+		Expect(fake.Effects(bs.Spec.IdempotencyKey)).To(Equal(1))
+		Expect(fake.Events()).To(ConsistOf(SatisfyAll(HaveField("Event.ID", bs.Spec.IdempotencyKey),
+			HaveField("Event.Subject", "cus_job-om"), HaveField("Event.Type", fakeopenmeter.EventType))))
+	})
+
+	It("without deduplication, finds an event whose answer was lost by listing it, and adopts it: one event", func() {
+		fake := startFakeOpenMeter(0)
+		ns := openMeterTenantOn(fake)
+		fake.Fail(adaptercontract.CommitThenTimeout, 1)
+		sendOK(ns, "msg_om_hang", jobEvent("job-om-hang", 1, 77))
+		Eventually(settlementState(ns, "job-om-hang")).WithTimeout(60 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		bs := settlementOf(ns, "job-om-hang")
+		Expect(bs.Status.Attempts).To(Equal(int32(1)), "found by the listing, never sent again")
+		Expect(fake.Effects(bs.Spec.IdempotencyKey)).To(Equal(1))
+	})
+
+	It("without deduplication, waits in RequiresReconciliation when the listing does not show a lost event, never resending; adopts it once listed", func() {
+		fake := startFakeOpenMeter(0)
+		ns := openMeterTenantOn(fake)
+		fake.SetListingDelay(time.Hour) // OpenMeter has accepted it, but not ingested it yet
+		fake.Fail(adaptercontract.CommitThenTimeout, 1)
+		sendOK(ns, "msg_om_unlisted", jobEvent("job-om-unlisted", 1, 42))
+		Eventually(settlementState(ns, "job-om-unlisted")).WithTimeout(120 * time.Second).
+			Should(Equal(hooksv1alpha1.SettlementRequiresReconciliation))
+		bs := settlementOf(ns, "job-om-unlisted")
+		ready := condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady)
+		Expect(ready.Reason).To(Equal(hooksv1alpha1.ReasonNotDeduplicated))
+		Expect(ready.Message).To(SatisfyAll(ContainSubstring("never sends it again"), ContainSubstring(bs.Spec.IdempotencyKey)))
+		Expect(bs.Status.Attempts).To(Equal(int32(1)))
+		Consistently(func() int { return fake.Effects(bs.Spec.IdempotencyKey) }).WithTimeout(5 * time.Second).Should(Equal(1),
+			"one event in OpenMeter's books, never two")
+
+		// OpenMeter ingests it; a reconcile request lists it again and adopts it.
+		fake.IngestNow()
+		got := &hooksv1alpha1.BillingSettlement{}
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(bs), got)).To(Succeed())
+		patch := client.MergeFrom(got.DeepCopy())
+		metav1.SetMetaDataAnnotation(&got.ObjectMeta, hooksv1alpha1.AnnotationReconcileRequest, "listed-now")
+		Expect(k8s.Patch(ctx, got, patch)).To(Succeed())
+		Eventually(settlementState(ns, "job-om-unlisted")).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		Expect(settlementOf(ns, "job-om-unlisted").Status.ProviderRef).To(Equal(openmeterbilling.EventRef(bs.Spec.IdempotencyKey)))
+		Expect(fake.Effects(bs.Spec.IdempotencyKey)).To(Equal(1))
+	})
+
+	It("with deduplication, resends a lost event under the same id inside the window: OpenMeter drops the copy, one event", func() {
+		fake := startFakeOpenMeter(time.Hour)
+		ns := openMeterTenantOn(fake)
+		fake.SetListingDelay(time.Hour)
+		fake.Fail(adaptercontract.CommitThenTimeout, 1)
+		sendOK(ns, "msg_om_dedup", jobEvent("job-om-dedup", 1, 9))
+		Eventually(settlementState(ns, "job-om-dedup")).WithTimeout(60 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		bs := settlementOf(ns, "job-om-dedup")
+		Expect(bs.Status.Attempts).To(BeNumerically(">=", 2), "the lost answer was asked for by sending again")
+		Expect(fake.Effects(bs.Spec.IdempotencyKey)).To(Equal(1))
+	})
+})
