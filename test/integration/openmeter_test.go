@@ -79,7 +79,7 @@ var _ = Describe("an OpenMeter billing provider", func() {
 		Expect(ready.Reason).To(Equal(hooksv1alpha1.ReasonNotDeduplicated))
 		Expect(ready.Message).To(SatisfyAll(ContainSubstring("never sends it again"), ContainSubstring(bs.Spec.IdempotencyKey)))
 		Expect(bs.Status.Attempts).To(Equal(int32(1)))
-		Consistently(func() int { return fake.Effects(bs.Spec.IdempotencyKey) }).WithTimeout(5 * time.Second).Should(Equal(1),
+		Consistently(func() int { return fake.Effects(bs.Spec.IdempotencyKey) }).WithTimeout(5*time.Second).Should(Equal(1),
 			"one event in OpenMeter's books, never two")
 
 		// OpenMeter ingests it; a reconcile request lists it again and adopts it.
