@@ -427,3 +427,6 @@ func eventTime(e Event) time.Time {
 
 // String names the fake.
 func (s *Server) String() string { return fmt.Sprintf("fakeopenmeter(%s)", s.URL()) }
+
+// The fake is held to the contract every billing adapter's fake implements.
+var _ adaptercontract.Fixture = (*Server)(nil)
