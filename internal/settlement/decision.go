@@ -468,7 +468,10 @@ func resendIsTheLookup(in Input) bool {
 // Otherwise nothing proves either way and nothing is sent: a human compares with the
 // provider, as the adapter's message says. A submission answered this way (Stripe's
 // 404 for a resent delete) is not resent either: the provider does not replay it.
-// (Nothing possibly moved: a failed lookup changes nothing.)
+// (Nothing possibly moved: a failed lookup changes nothing.) A provider that does not
+// deduplicate (caps.NoDeduplication) has no window: within the settle time of an
+// attempt that may still be ingested it is asked again after it, and then a human
+// looks (ReasonNotDeduplicated); a lookup that later finds the record adopts it.
 func unanswerable(in Input, d Decision) Decision {
 	st := in.Status
 	if in.Obs.Submit {

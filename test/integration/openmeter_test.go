@@ -27,23 +27,27 @@ func startFakeOpenMeter(dedup time.Duration) *fakeopenmeter.Server {
 
 // openMeterTenantOn makes a tenant whose BillingProvider is the fake's OpenMeter
 // provider (usage meter tokens as events of type prompt.tokens).
-func openMeterTenantOn(fake *fakeopenmeter.Server) string {
+func openMeterTenantOn(fake *fakeopenmeter.Server, mutate ...func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider)) string {
 	GinkgoHelper()
 	want, token := fake.Provider()
-	return newTenantWithToken(token, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
-		bp.Spec.Type, bp.Spec.Endpoint, bp.Spec.AllowInsecureHTTP = want.Spec.Type, want.Spec.Endpoint, true
-		bp.Spec.RequestTimeout = fixtures.Duration(time.Second)
-		bp.Spec.OpenMeter = want.Spec.OpenMeter
-	})
+	return newTenantWithToken(token, append([]func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider){
+		func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Type, bp.Spec.Endpoint, bp.Spec.AllowInsecureHTTP = want.Spec.Type, want.Spec.Endpoint, true
+			bp.Spec.RequestTimeout = fixtures.Duration(time.Second)
+			bp.Spec.OpenMeter = want.Spec.OpenMeter
+		}}, mutate...)...)
 }
 
 // Settling a job end to end through the whole operator against the OpenMeter fake,
 // where a resend is new usage unless the install deduplicates (docs/design.md §13,
 // §14): one event in the fake's books whatever happens.
 var _ = Describe("an OpenMeter billing provider", func() {
-	It("reports usage as one event under the settlement's key, after duplicate deliveries", func() {
+	It("reports usage as one event under the settlement's key, after duplicate deliveries; the pass confirms it by listing", func() {
 		fake := startFakeOpenMeter(0)
-		ns := openMeterTenantOn(fake)
+		ns := openMeterTenantOn(fake, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{
+				Interval: &metav1.Duration{Duration: 2 * time.Second}, StuckAfter: &metav1.Duration{Duration: time.Second}}
+		})
 		for range 3 {
 			sendOK(ns, "msg_om_usage", jobEvent("job-om", 1, 1523))
 		}
@@ -53,6 +57,13 @@ var _ = Describe("an OpenMeter billing provider", func() {
 		Expect(fake.Effects(bs.Spec.IdempotencyKey)).To(Equal(1))
 		Expect(fake.Events()).To(ConsistOf(SatisfyAll(HaveField("Event.ID", bs.Spec.IdempotencyKey),
 			HaveField("Event.Subject", "cus_job-om"), HaveField("Event.Type", fakeopenmeter.EventType))))
+		Eventually(func() string {
+			if c := condition(get(bs).Status.Conditions, hooksv1alpha1.ConditionReconciled); c != nil && c.Status == metav1.ConditionTrue {
+				return c.Reason
+			}
+			return ""
+		}).WithTimeout(30*time.Second).Should(Equal(hooksv1alpha1.ReasonConfirmedByProvider), "the event is listed and matches field by field")
+		Expect(fake.Effects(bs.Spec.IdempotencyKey)).To(Equal(1), "the pass sent nothing")
 	})
 
 	It("without deduplication, finds an event whose answer was lost by listing it, and adopts it: one event", func() {
