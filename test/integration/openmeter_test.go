@@ -1,6 +1,7 @@
 package integration_test
 
 import (
+	"fmt"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -64,6 +65,30 @@ var _ = Describe("an OpenMeter billing provider", func() {
 			return ""
 		}).WithTimeout(30*time.Second).Should(Equal(hooksv1alpha1.ReasonConfirmedByProvider), "the event is listed and matches field by field")
 		Expect(fake.Effects(bs.Spec.IdempotencyKey)).To(Equal(1), "the pass sent nothing")
+	})
+
+	It("dates the event at the job's completion, and refuses one OpenMeter could no longer list", func() {
+		fake := startFakeOpenMeter(0)
+		ns := openMeterTenantOn(fake, func(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
+			wp.Spec.Routes[0].Operations[0].JobCompletion.CompletedAt = ".data.completed_at"
+		})
+		job := func(id string, at time.Time) {
+			sendOK(ns, "msg_"+id, fmt.Sprintf(
+				`{"type":"job.completed","data":{"job_id":%q,"version":1,"state":"succeeded","customer":"cus_%s","tokens":9,"completed_at":%q}}`,
+				id, id, at.Format(time.RFC3339)))
+		}
+		at := time.Now().Add(-3 * time.Hour).UTC().Truncate(time.Second)
+		job("job-om-dated", at)
+		Eventually(settlementState(ns, "job-om-dated")).Should(Equal(hooksv1alpha1.SettlementSettled))
+		bs := settlementOf(ns, "job-om-dated")
+		Expect(fake.Events()).To(ContainElement(SatisfyAll(HaveField("Event.ID", bs.Spec.IdempotencyKey),
+			HaveField("Event.Time", at.Format(time.RFC3339Nano)))), "dated at the job's completion, not at receipt")
+
+		job("job-om-old", time.Now().Add(-40*24*time.Hour).UTC().Truncate(time.Second))
+		Eventually(settlementState(ns, "job-om-old")).Should(Equal(hooksv1alpha1.SettlementFailed))
+		old := settlementOf(ns, "job-om-old")
+		Expect(condition(old.Status.Conditions, hooksv1alpha1.ConditionReady).Message).To(ContainSubstring("more than 32 days ago"))
+		Expect(fake.Effects(old.Spec.IdempotencyKey)).To(BeZero(), "refused before anything was sent")
 	})
 
 	It("without deduplication, finds an event whose answer was lost by listing it, and adopts it: one event", func() {

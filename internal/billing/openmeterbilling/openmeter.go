@@ -185,6 +185,24 @@ func RequestCapabilities(dedup time.Duration, _ billing.Request) billing.Capabil
 	return billing.Capabilities{Lookup: billing.LookupByListing, NoDeduplication: true}
 }
 
+// DateUsage dates every usage event at the usage's time (the job's completion,
+// billing.UsageDater): the controller pins it at the first attempt and sends it dated
+// until the returned bound. Inside what OpenMeter lists, the bound is when it stops
+// listing an event so dated (32 days, less an hour). Outside it — older than that, or
+// ahead of this clock by more than MaxFuture — the date is pinned all the same, for an
+// hour, so that Submit refuses the charge saying why rather than OpenMeter dating it at
+// receipt unseen; a replay after that hour is sent undated, dated by OpenMeter at
+// receipt, which is what a human who replays it asks for.
+func (c *Client) DateUsage(_ string, occurredAt, now time.Time) time.Time {
+	switch {
+	case occurredAt.IsZero():
+		return time.Time{}
+	case occurredAt.Before(now.Add(-ListHorizon)), occurredAt.After(now.Add(MaxFuture)):
+		return now.Add(time.Hour)
+	}
+	return occurredAt.Add(ListHorizon)
+}
+
 // EventRef is the provider reference of an event: OpenMeter gives an event no ID of
 // its own, so the reference is our id under a prefix that says so.
 func EventRef(id string) string { return "openmeter_event:" + id }

@@ -267,3 +267,24 @@ func TestListPagesThroughTheSource(t *testing.T) {
 		t.Fatalf("listed %d of 120 (pages %d)", len(seen), pages)
 	}
 }
+
+// TestUsageIsDatedAtItsTime: the controller dates an event at the job's completion
+// while OpenMeter lists it, and pins a date outside that range only long enough for
+// Submit to refuse it with the reason.
+func TestUsageIsDatedAtItsTime(t *testing.T) {
+	_, c := start(t, 0)
+	now := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	var d billing.UsageDater = c
+	if got := d.DateUsage("tokens", time.Time{}, now); !got.IsZero() {
+		t.Errorf("no completion time: dated until %s", got)
+	}
+	at := now.Add(-time.Hour)
+	if got := d.DateUsage("tokens", at, now); !got.Equal(at.Add(openmeterbilling.ListHorizon)) {
+		t.Errorf("an hour ago: until %s", got)
+	}
+	for _, at := range []time.Time{now.Add(-40 * 24 * time.Hour), now.Add(time.Hour)} {
+		if got := d.DateUsage("tokens", at, now); !got.Equal(now.Add(time.Hour)) {
+			t.Errorf("%s: until %s, want an hour from now (Submit refuses it)", at, got)
+		}
+	}
+}
