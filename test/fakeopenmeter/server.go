@@ -430,3 +430,7 @@ func (s *Server) String() string { return fmt.Sprintf("fakeopenmeter(%s)", s.URL
 
 // The fake is held to the contract every billing adapter's fake implements.
 var _ adaptercontract.Fixture = (*Server)(nil)
+
+// StartFixture starts a fake as the adapter contract suite uses it: a token required,
+// no deduplication (a self-hosted install's default, the case where a resend counts).
+func StartFixture() (*Server, error) { return Start(Options{Token: Token}) }
