@@ -143,12 +143,16 @@ func openMeterProvider(dedup time.Duration) *hooksv1alpha1.BillingProvider {
 // adapter declares that OpenMeter does not deduplicate; with it, the window and a
 // resend as proof. Either way a record is found only by listing.
 func TestOpenMeterDeclaresItsDeduplication(t *testing.T) {
-	r := billing.Request{Type: billing.TypeCharge, Usage: &billing.Usage{Meter: "tokens", Quantity: "1"}}
+	r := billing.Request{Type: billing.TypeCharge, Usage: &billing.Usage{Meter: "tokens", Quantity: "1"}, KeyNamespaced: true}
 	if got := Capabilities(openMeterProvider(0), r); got != (billing.Capabilities{Lookup: billing.LookupByListing, NoDeduplication: true}) {
 		t.Errorf("no deduplication: %+v", got)
 	}
 	if got := Capabilities(openMeterProvider(time.Hour), r); got != (billing.Capabilities{Lookup: billing.LookupByListing, Window: time.Hour, ResendIsProof: true}) {
 		t.Errorf("an hour of deduplication: %+v", got)
+	}
+	r.KeyNamespaced = false
+	if got := Capabilities(openMeterProvider(time.Hour), r); got.ResendIsProof {
+		t.Errorf("a legacy key's dropped resend proves only that some event holds the id: %+v", got)
 	}
 	bp := openMeterProvider(0)
 	bp.Spec.OpenMeter = nil

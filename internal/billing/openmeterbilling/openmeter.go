@@ -172,15 +172,17 @@ func (c *Client) Capabilities(r billing.Request) billing.Capabilities {
 //   - with deduplication, an event sent again under the same source and id inside the
 //     window is dropped as a duplicate, and only this settlement sends that id
 //     (derived from its namespaced key), so the resend is itself the answer
-//     (ResendIsProof) and the window bounds the retry budget;
+//     (ResendIsProof) and the window bounds the retry budget; a legacy key is the same
+//     in every namespace, so there OpenMeter's silent drop proves only that some event
+//     holds the id, not that it is this settlement's (no ResendIsProof);
 //   - without it, a resend is counted as new usage (NoDeduplication): nothing is ever
 //     sent again after an attempt that may have reached OpenMeter.
 //
 // Amounts, refunds and voids are refused before anything is sent, so the declaration
-// is the same for every request.
-func RequestCapabilities(dedup time.Duration, _ billing.Request) billing.Capabilities {
+// is the same for every kind of request.
+func RequestCapabilities(dedup time.Duration, r billing.Request) billing.Capabilities {
 	if dedup > 0 {
-		return billing.Capabilities{Lookup: billing.LookupByListing, Window: dedup, ResendIsProof: true}
+		return billing.Capabilities{Lookup: billing.LookupByListing, Window: dedup, ResendIsProof: r.KeyNamespaced}
 	}
 	return billing.Capabilities{Lookup: billing.LookupByListing, NoDeduplication: true}
 }
