@@ -94,6 +94,8 @@ type Extractor struct {
 	// spec is the provider spec this was compiled from: held facts are extracted by
 	// the same spec with the unmapped states added (heldFacts).
 	spec *hooksv1alpha1.WebhookProviderSpec
+	// held keeps the extractors heldFacts compiles.
+	held *heldCache
 }
 
 // route is a compiled Route: its condition (nil: always) and its operations.
@@ -156,6 +158,7 @@ func Compile(namespace, providerName string, spec *hooksv1alpha1.WebhookProvider
 		storeUnrouted: spec.StoreUnroutedEvents,
 		routes:        map[string]route{},
 		spec:          spec.DeepCopy(),
+		held:          &heldCache{},
 	}
 	for i, p := range spec.EventID.DerivedFrom {
 		x.derivedFrom = append(x.derivedFrom, c.required(fmt.Sprintf("spec.eventID.derivedFrom[%d]", i), p))

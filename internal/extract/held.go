@@ -2,6 +2,9 @@ package extract
 
 import (
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 )
@@ -21,7 +24,9 @@ var heldMeanings = []hooksv1alpha1.JobStateMeaning{
 // over jobState() is decided here exactly as a delivery would decide it once the
 // state is mapped, and a replay dispatches the facts held for the meaning it finds.
 //
-// Only events with unmapped states pay for it (a compile per meaning); a meaning
+// Only events with unmapped states pay for it: a compile per meaning the first time a
+// set of unmapped states is seen by this compiled spec (heldCache), a run of the route
+// per meaning every time. A meaning
 // whose run fails (a state cut at 64 bytes, a field that only then is read and is
 // bad) holds nothing, and a replay to it says so.
 func (x *Extractor) heldFacts(ev *Event, doc any) []hooksv1alpha1.HeldFacts {
@@ -49,11 +54,17 @@ func (x *Extractor) heldFor(ev *Event, doc any, as hooksv1alpha1.JobStateMeaning
 			spec.States = append(spec.States, hooksv1alpha1.JobStateMapping{State: u.State, As: as})
 		}
 	}
-	hx, err := Compile(x.namespace, x.provider, spec)
+	hx, err := x.held.extractor(as, added, func() (*Extractor, error) {
+		hx, err := Compile(x.namespace, x.provider, spec)
+		if err != nil {
+			return nil, err
+		}
+		hx.spec = nil // no held facts of held facts
+		return hx, nil
+	})
 	if err != nil {
 		return h, err
 	}
-	hx.spec = nil // no held facts of held facts
 	hev := &Event{ID: ev.ID, Type: ev.Type, Sequence: ev.Sequence, PayloadHash: ev.PayloadHash}
 	rt := hx.routes[ev.Type]
 	if rt.when != nil {
@@ -103,4 +114,48 @@ func StateTable(mappings []hooksv1alpha1.JobStateMapping) States {
 		}
 	}
 	return t
+}
+
+// heldCache keeps the extractors heldFacts compiled, by meaning and set of unmapped
+// states, for as long as the Extractor (one generation of the provider's spec): a
+// sender that keeps writing a state nobody mapped (RunPod's IN_PROGRESS, before it is
+// in spec.states) costs a compile per meaning once, not on every delivery. At most
+// heldCacheSize entries; beyond, a set is compiled each time and not kept, so a sender
+// cannot grow it without bound.
+type heldCache struct {
+	mu       sync.Mutex
+	byKey    map[string]*Extractor
+	compiles int // for tests: how many extractors were compiled
+}
+
+const heldCacheSize = 64
+
+func (c *heldCache) extractor(as hooksv1alpha1.JobStateMeaning, states map[string]bool,
+	compile func() (*Extractor, error)) (*Extractor, error) {
+	if c == nil {
+		return compile()
+	}
+	words := make([]string, 0, len(states))
+	for w := range states {
+		words = append(words, w)
+	}
+	slices.Sort(words)
+	key := string(as) + "\x00" + strings.Join(words, "\x00")
+	c.mu.Lock()
+	defer c.mu.Unlock() // a compile is milliseconds; deliveries of one provider wait for it at most once
+	if x, ok := c.byKey[key]; ok {
+		return x, nil
+	}
+	x, err := compile()
+	c.compiles++
+	if err != nil {
+		return nil, err
+	}
+	if c.byKey == nil {
+		c.byKey = map[string]*Extractor{}
+	}
+	if len(c.byKey) < heldCacheSize {
+		c.byKey[key] = x
+	}
+	return x, nil
 }

@@ -1,9 +1,11 @@
 package extract
 
 import (
+	"net/http"
 	"testing"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/payload"
 )
 
 // TestHeldFacts: an event with an unmapped state holds, per meaning, exactly what a
@@ -49,5 +51,43 @@ func TestHeldFacts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHeldFactsCompiledOnce: a sender that keeps writing one unmapped state costs a
+// compile per meaning once per compiled spec, not per delivery.
+func TestHeldFactsCompiledOnce(t *testing.T) {
+	x, err := Compile("ns", "p", whenSpec("", `jobState(payload.job.state) == "Succeeded"`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliver := func(state string) {
+		t.Helper()
+		body := stateBody(state)
+		doc, err := payload.Decode([]byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := x.Identify(http.Header{"Webhook-Id": {"msg_1"}}, []byte(body), doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := x.Facts(ev, doc); err != nil {
+			t.Fatal(err)
+		}
+		if len(ev.HeldFacts) != 3 {
+			t.Fatalf("held %+v", ev.HeldFacts)
+		}
+	}
+	for range 5 {
+		deliver("IN_PROGRESS")
+	}
+	deliver("in_progress ") // the same state as the table compares it
+	if x.held.compiles != 3 {
+		t.Fatalf("%d compiles for one unmapped state delivered 6 times; want 3 (one per meaning)", x.held.compiles)
+	}
+	deliver("PAUSED")
+	if x.held.compiles != 6 {
+		t.Fatalf("%d compiles after a second state; want 6", x.held.compiles)
 	}
 }
