@@ -97,6 +97,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			}
 			return res, cerr
 		}
+		if mappedByReplay(&ev) != "" {
+			// A replay mapped every unmapped state to Ignored: nothing is left of them.
+			ev.Status.Operations = nil
+		}
 		ev.Status.Phase = hooksv1alpha1.EventIgnored
 		conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
 			hooksv1alpha1.ReasonAllOperationsDone, "nothing to do: no route matched the event type, or its route's job states are Ignored (spec.states); stored for the record only")
