@@ -62,6 +62,12 @@ var _ = Describe("replay of a stored event whose job state was unmapped", func()
 		sendOK(ns, "msg_late_map", body)
 		Eventually(eventPhase(ns, "msg_late_map")).Should(Equal(hooksv1alpha1.EventPartiallyFailed))
 		Expect(noJob(ns, "job-late-map")).To(BeTrue())
+		// What an unmapped event stores beyond a mapped one is its held facts, one set per
+		// meaning; measured as the API server returns it.
+		size := len(storedJSON(ns, "webhookevents", identity.EventName(ns, "inference", "msg_late_map")))
+		AddReportEntry("stored bytes of an event with one unmapped job", size)
+		GinkgoWriter.Printf("stored bytes of an event with one unmapped job: %d\n", size)
+		Expect(size).To(BeNumerically("<=", 4096), "an unmapped event with its held facts fits in 4 KiB")
 
 		By("a replay before the state is mapped leaves the event as it is, and says so")
 		replayEvent(ns, "msg_late_map", "early")
