@@ -118,6 +118,34 @@ var _ = Describe("replay of a stored event whose job state was unmapped", func()
 	})
 })
 
+// withBatches adds a route completing and charging every job of a jobs.batch event.
+func withBatches(_ *hooksv1alpha1.BillingProvider, wp *hooksv1alpha1.WebhookProvider) {
+	wp.Spec.Routes = append(wp.Spec.Routes, hooksv1alpha1.Route{EventType: "jobs.batch",
+		Operations: []hooksv1alpha1.RouteOperation{
+			{Type: hooksv1alpha1.OperationJobCompletion, ForEach: ".data.jobs", JobCompletion: &hooksv1alpha1.JobCompletionMapping{
+				JobID: ".id", State: ".state"}},
+			{Type: hooksv1alpha1.OperationBillingSettlement, ForEach: ".data.jobs", When: `jobState(item.state) == "Succeeded"`,
+				Settlement: &hooksv1alpha1.SettlementMapping{BillingProviderRef: fixtures.BillingProviderName, JobID: ".id",
+					Customer: "$.data.customer", Usage: &hooksv1alpha1.UsageMapping{Quantity: ".tokens", Meter: "tokens", Unit: "tokens"}}},
+		}})
+}
+
+var _ = Describe("replay of an event whose jobs' states map to different meanings", func() {
+	It("leaves the event as it is and says why: the facts held assume one meaning for all", func() {
+		ns := newTenant(withBatches)
+		sendOK(ns, "msg_batch", `{"type":"jobs.batch","data":{"customer":"cus_b","jobs":[`+
+			`{"id":"job-b1","state":"FINISHED","tokens":5},{"id":"job-b2","state":"PAUSED","tokens":6}]}}`)
+		Eventually(eventPhase(ns, "msg_batch")).Should(Equal(hooksv1alpha1.EventPartiallyFailed))
+		mapState(ns, "FINISHED", hooksv1alpha1.JobStateMeaning(hooksv1alpha1.JobSucceeded))
+		mapState(ns, "PAUSED", hooksv1alpha1.JobStateIgnored)
+		replayEvent(ns, "msg_batch", "1")
+		Eventually(func() string { return readyOfEvent(ns, "msg_batch")().Message }).Should(ContainSubstring("map to different meanings"))
+		Expect(eventPhase(ns, "msg_batch")()).To(Equal(hooksv1alpha1.EventPartiallyFailed))
+		Consistently(func() bool { return noJob(ns, "job-b1") && noJob(ns, "job-b2") }, "2s").Should(BeTrue())
+		Expect(billing.Charges(key(ns, "job-b1"))).To(Equal(0))
+	})
+})
+
 var _ = Describe("an event with an unmapped job state and the archive on", Ordered, func() {
 	var (
 		pg    *pgtest.Server
