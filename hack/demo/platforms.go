@@ -58,14 +58,15 @@ func platformReport(args []string) error {
 	ss := w.settlements.Items
 	sort.Slice(ss, func(i, j int) bool { return ss[i].Spec.JobID < ss[j].Spec.JobID })
 	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "JOB\tJOB STATE\tSETTLEMENT\tSTATE\tATTEMPTS\tCUSTOMER\tUSAGE\tPROVIDER REF\tEVENTS IN %s\n", strings.ToUpper(*platform))
+	fmt.Fprintf(tw, "JOB\tJOB STATE\tSETTLEMENT STATE\tEVENTS IN %s\tATTEMPTS\tCUSTOMER\tUSAGE\tSETTLEMENT\tPROVIDER REF\n", strings.ToUpper(*platform))
 	for _, s := range ss {
 		usage := ""
 		if u := s.Spec.Usage; u != nil {
 			usage = u.Quantity + " " + u.Meter
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\n", s.Spec.JobID, orNone(jobState[s.Spec.JobID]), s.Name, orNew(string(s.Status.State)),
-			s.Status.Attempts, s.Spec.Customer, usage, orNone(s.Status.ProviderRef), books[s.Spec.IdempotencyKey])
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", s.Spec.JobID, orNone(jobState[s.Spec.JobID]),
+			orNew(string(s.Status.State)), books[s.Spec.IdempotencyKey], s.Status.Attempts, s.Spec.Customer, usage,
+			s.Name, orNone(s.Status.ProviderRef))
 	}
 	_ = tw.Flush()
 	fmt.Printf("\n%s's books (GET %s), billed events per idempotency key:\n", *platform, *effectsURL)
@@ -74,9 +75,11 @@ func platformReport(args []string) error {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	tw = tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
 	for _, k := range keys {
-		fmt.Printf("  %-72s %d\n", k, books[k])
+		fmt.Fprintf(tw, "  %s\t%d\n", k, books[k])
 	}
+	_ = tw.Flush()
 	if len(keys) == 0 {
 		fmt.Println("  (nothing billed)")
 	}
