@@ -266,7 +266,7 @@ platforms=''
 if [ -n "${DEMO_BILLING:-}" ] && [ "$DEMO_BILLING" != HTTP ]; then
   . hack/demo/platforms.sh # the usage-billing platforms variant
   platforms_select "$DEMO_BILLING"
-  fakes_desc="the $platforms fake(s)"
+  fakes_desc="the fakes of ${platforms// /, }"
 fi
 mkdir -p "$bin" "$logs"
 stop_leftovers
