@@ -105,6 +105,9 @@ type Reconciler struct {
 	findings findingMemory
 	// walks keeps each provider's list walk that a pass cut at MaxListPages.
 	walks walkMemory
+	// archived remembers the provider records each pass found matching their archived
+	// settlement, so the next pass does not read them back again (archived_memory.go).
+	archived archivedMemory
 	// usage remembers where each provider's last usage-totals comparison ended.
 	usage usageMarks
 }

@@ -131,21 +131,37 @@ func (r *Reconciler) archivedJobNames(ctx context.Context, ns string, names []st
 // knows: those the archive does not know either, and those whose archived settlement
 // they do not prove (another record, other content, or a settlement archived as
 // Failed that the provider holds). An archived record is final, so nothing is
-// repaired automatically: a human looks.
-func (r *Reconciler) compareUnknown(ctx context.Context, ns string, recs []billing.Record, p *passState) error {
+// repaired automatically: a human looks. A record that compared clean before is not
+// read back again (archivedMemory).
+func (r *Reconciler) compareUnknown(ctx context.Context, bp *hooksv1alpha1.BillingProvider, recs []billing.Record, p *passState, now time.Time) error {
 	if len(recs) == 0 {
 		return nil
 	}
+	ns := bp.Namespace
 	archived := map[string]*hooksv1alpha1.BillingSettlement{}
 	if r.Archive != nil {
+		if !r.Archive.Ready() || r.Archive.Behind() != "" {
+			// An archive that is behind may have lost what was compared: compare again.
+			r.archived.forget()
+		}
 		keys := make([]string, 0, len(recs))
+		changed := make([]billing.Record, 0, len(recs))
 		for _, rec := range recs {
+			if r.archived.clean(bp.UID, bp.Generation, rec, now) {
+				p.examined["ArchivedUnchanged"]++
+				continue
+			}
+			changed = append(changed, rec)
 			keys = append(keys, rec.IdempotencyKey)
+		}
+		if recs = changed; len(recs) == 0 {
+			return nil
 		}
 		var err error
 		archived, err = r.Archive.SettlementsByIdempotencyKey(ctx, ns, keys)
 		metrics.NoteArchive("BillingSettlement", err)
 		if err != nil {
+			r.archived.forget()
 			return fmt.Errorf("%w: compare with the archive: %v", archivelookup.ErrUnavailable, err)
 		}
 		p.examined["Archived"] += int32(len(archived))
@@ -177,6 +193,9 @@ func (r *Reconciler) compareUnknown(ctx context.Context, ns string, recs []billi
 				Action: hooksv1alpha1.RepairManualReview,
 				Message: fmt.Sprintf("the provider has %s %s under key %s, but the settlement was archived as %s; archived records are final: review it",
 					rec.ID, rec.Status, bs.Spec.IdempotencyKey, settlement.StateOrNew(bs.Status.State))})
+		default:
+			// Nothing to report: the same record compares the same way next time.
+			r.archived.remember(bp.UID, bp.Generation, rec, now)
 		}
 	}
 	return nil

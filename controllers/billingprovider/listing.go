@@ -91,6 +91,8 @@ func (r *Reconciler) compareProvider(ctx context.Context, bp *hooksv1alpha1.Bill
 	if t := bp.Status.ProviderListedUntil; t != nil {
 		since, mark = t.Add(-reconciliationPolicyOf(bp).stuckAfter), t.Time
 	}
+	// Records no pass has listed for an hour past the overlap are out of every window.
+	r.archived.prune(bp.UID, now.Add(-reconciliationPolicyOf(bp).stuckAfter-time.Hour))
 	seen := map[string]bool{}
 	cursor, pages, records := "", 0, int32(0)
 	p.walkStarted = now
@@ -160,7 +162,7 @@ func (r *Reconciler) compareProvider(ctx context.Context, bp *hooksv1alpha1.Bill
 			}
 		}
 		// A record whose settlement left for the archive is compared with the archived one.
-		if err := r.compareUnknown(ctx, bp.Namespace, unknown, p); err != nil {
+		if err := r.compareUnknown(ctx, bp, unknown, p, now); err != nil {
 			return err
 		}
 		pages++

@@ -301,6 +301,11 @@ type Error struct {
 	// once), so a record that never sent it may send it although nobody can say
 	// whether an earlier record under the same key did.
 	RepeatHarmless bool
+	// Local marks a refusal by the adapter itself, before anything was sent (a usage
+	// meter with no mapping, a request the platform cannot express): it says nothing
+	// about the provider — whether it is reachable, whether it takes the credentials —
+	// so the provider's health ignores it.
+	Local bool
 	// Message is a short, human-readable explanation without secrets.
 	Message string
 	// Err is the underlying network or decoding error, if any.

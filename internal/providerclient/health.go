@@ -146,8 +146,8 @@ func healthOf(bp *hooksv1alpha1.BillingProvider, err error) (reason, message str
 		return hooksv1alpha1.ReasonCallsSucceeding, "the latest calls reached " + bp.Spec.Endpoint + " and it accepted the credentials"
 	}
 	e, ok := billing.AsError(err)
-	if !ok || e.Unanswerable {
-		return "", "" // (a lookup the adapter cannot make says nothing about the provider)
+	if !ok || e.Unanswerable || e.Local {
+		return "", "" // (a lookup the adapter cannot make, or a request it refused unsent, says nothing about the provider)
 	}
 	switch {
 	case e.Status == http.StatusUnauthorized || e.Status == http.StatusForbidden:

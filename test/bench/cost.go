@@ -24,6 +24,13 @@ func (b *run) cost(ctx context.Context, op *operator, w0 writeCounts, e0 etcdSta
 	if err != nil {
 		return err
 	}
+	// CPU up to the quiet moment, before the measurements below (etcd's, the live
+	// objects' sizes) add their own.
+	cpu1, err := cpuSeconds(nil)
+	if err != nil {
+		return err
+	}
+	b.res.Cost.CPUMillisPerEvent = cpuPerEvent(b.cpu0, cpu1, events)
 	e1, err := b.probe.etcdStats(ctx)
 	if err != nil {
 		return err

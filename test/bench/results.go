@@ -400,6 +400,9 @@ type ArchiveSample struct {
 	// samples' difference ÷ the events processed between them shows whether an event
 	// costs more as the archive grows.
 	CPUSeconds map[string]float64 `json:"cpuSeconds,omitempty"`
+	// CPUSampling is the CPU the pipeline's processes spent on the samples before this
+	// one (a compaction and defragmentation of etcd, PostgreSQL's sizes): subtracted.
+	CPUSampling float64 `json:"cpuSamplingSeconds,omitempty"`
 	// LiveObjects per kind in the phase's namespace, counted in etcd; LiveBytes their
 	// keys and values (Events estimated from up to 1000 of them); LiveRecordBytes the
 	// three archived kinds together.

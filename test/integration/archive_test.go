@@ -3,6 +3,7 @@ package integration_test
 import (
 	"context"
 	"net/http"
+	"sort"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/controllers/archiver"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
 	"github.com/settlement-operator/settlement-operator/internal/archive/pgtest"
+	billingapi "github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/test/fakestripe"
 	"github.com/settlement-operator/settlement-operator/test/fixtures"
@@ -565,6 +567,55 @@ var _ = Describe("the archive (docs/design.md §12)", Ordered, func() {
 			return d.ProviderRef == "st_second_arc"
 		})
 		Expect(d.Object).To(ContainSubstring("(archived)"))
+	})
+
+	It("reads an archived settlement once per provider record: later passes count it unchanged, a changed record is compared again", func() {
+		// A long overlap lists the archived charge's record in every pass, as a
+		// production pass lists the last 15 minutes every time.
+		ns := reconcilingTenant(func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Reconciliation.StuckAfter = &metav1.Duration{Duration: time.Hour}
+		})
+		settledAndArchived(ns, "msg-arc-once", "job-arc-once", 1, 3)
+		archivedAt := time.Now()
+		// completedSince returns the reports completed that started after t, oldest first.
+		completedSince := func(t time.Time) []hooksv1alpha1.ReconciliationReport {
+			var l hooksv1alpha1.ReconciliationReportList
+			Expect(k8s.List(ctx, &l, client.InNamespace(ns))).To(Succeed())
+			var out []hooksv1alpha1.ReconciliationReport
+			for _, rr := range l.Items {
+				if rr.CreationTimestamp.After(t.Add(time.Second)) && rr.Status.Phase == hooksv1alpha1.ReportCompleted {
+					out = append(out, rr)
+				}
+			}
+			sort.Slice(out, func(i, j int) bool { return out[i].CreationTimestamp.Before(&out[j].CreationTimestamp) })
+			return out
+		}
+		var rs []hooksv1alpha1.ReconciliationReport
+		Eventually(func() int { rs = completedSince(archivedAt); return len(rs) }).
+			WithTimeout(45*time.Second).Should(BeNumerically(">=", 3), "three passes after the archival")
+		last := rs[len(rs)-1]
+		Expect(last.Status.Examined).To(HaveKeyWithValue("ArchivedUnchanged", BeNumerically(">=", 1)),
+			"the last pass counts the archived charge's record as compared before: %v", last.Status.Examined)
+		Expect(last.Status.Examined["Archived"]).To(BeZero(),
+			"the last pass read no archived settlement again for a record it compared before: %v", last.Status.Examined)
+		archivedBS, err := store.Settlement(ctx, ns, stlName("job-arc-once"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(archivedBS).NotTo(BeNil())
+		for _, item := range last.Status.Items { // the shared fake holds other specs' records too
+			Expect(item.ProviderRef).NotTo(Equal(archivedBS.Status.ProviderRef), "nothing is reported about it: %s", item.Message)
+		}
+
+		// The provider's record changes: it is compared with the archived settlement again.
+		Expect(billing.SetStatus(archivedBS.Spec.SettlementKey, billingapi.StatusPending, "")).To(Succeed())
+		changedAt := time.Now()
+		Eventually(func() int32 {
+			for _, rr := range completedSince(changedAt) {
+				if n := rr.Status.Examined["Archived"]; n > 0 {
+					return n
+				}
+			}
+			return 0
+		}).WithTimeout(45*time.Second).Should(BeNumerically(">=", 1), "a pass compares the changed record with the archive")
 	})
 
 	It("compares Stripe's meter event summaries with the usage of cluster ∪ archive: a total outside it is reported", func() {

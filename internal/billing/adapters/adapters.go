@@ -14,6 +14,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/billing/lagobilling"
+	"github.com/settlement-operator/settlement-operator/internal/billing/metronomebilling"
 	"github.com/settlement-operator/settlement-operator/internal/billing/stripebilling"
 )
 
@@ -41,9 +42,10 @@ type adapter struct {
 // registry holds every provider type the operator serves; the CRD's enum of
 // spec.type lists the same (a test keeps them in step).
 var registry = map[hooksv1alpha1.BillingProviderType]adapter{
-	hooksv1alpha1.BillingProviderHTTP:   {build: newHTTP, caps: billing.ContractCapabilities},
-	hooksv1alpha1.BillingProviderStripe: {build: newStripe, caps: stripebilling.RequestCapabilities},
-	hooksv1alpha1.BillingProviderLago:   {build: newLago, caps: lagobilling.RequestCapabilities},
+	hooksv1alpha1.BillingProviderHTTP:      {build: newHTTP, caps: billing.ContractCapabilities},
+	hooksv1alpha1.BillingProviderStripe:    {build: newStripe, caps: stripebilling.RequestCapabilities},
+	hooksv1alpha1.BillingProviderLago:      {build: newLago, caps: lagobilling.RequestCapabilities},
+	hooksv1alpha1.BillingProviderMetronome: {build: newMetronome, caps: metronomebilling.RequestCapabilities},
 }
 
 // New builds the adapter of s.Provider's type ("" is HTTP, the CRD's default).

@@ -1,0 +1,94 @@
+package billingprovider
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+)
+
+// archivedMemory remembers, per BillingProvider, the provider records a pass compared
+// with their archived settlement and found nothing to report about, by a hash of the
+// whole record. An archived settlement never changes, so the same record compares the
+// same way in the next pass: it is counted (examined.ArchivedUnchanged) without reading
+// the archive again. A pass lists the last stuckAfter of records every interval — 15
+// minutes every 10 by default, but every few seconds where the interval is short — and
+// reading each archived settlement back every time was most of what a pass cost.
+//
+// What makes a record compare again: the record changes at the provider (another
+// hash), the BillingProvider's spec changes (another generation), or the archive is
+// found behind or unavailable (everything is forgotten: an archive restored to an
+// earlier point may no longer hold what was compared). A record not listed for an
+// hour past the overlap is forgotten. It lives in memory: after a restart or a change
+// of leader the first pass compares everything again.
+type archivedMemory struct {
+	mu         sync.Mutex
+	byProvider map[types.UID]*archivedClean
+}
+
+type archivedClean struct {
+	generation int64
+	seen       map[[32]byte]time.Time // record hash → when a pass last listed it
+}
+
+// recordHash identifies everything a provider said about one record.
+func recordHash(rec billing.Record) [32]byte {
+	raw, _ := json.Marshal(rec) // a struct of strings, numbers and times: cannot fail
+	return sha256.Sum256(raw)
+}
+
+// clean reports whether rec compared clean with its archived settlement before, under
+// this generation of the provider; a known record is marked seen now.
+func (m *archivedMemory) clean(uid types.UID, generation int64, rec billing.Record, now time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.byProvider[uid]
+	if c == nil || c.generation != generation {
+		return false
+	}
+	h := recordHash(rec)
+	if _, ok := c.seen[h]; !ok {
+		return false
+	}
+	c.seen[h] = now
+	return true
+}
+
+// remember notes that rec compared clean with its archived settlement.
+func (m *archivedMemory) remember(uid types.UID, generation int64, rec billing.Record, now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.byProvider == nil {
+		m.byProvider = map[types.UID]*archivedClean{}
+	}
+	c := m.byProvider[uid]
+	if c == nil || c.generation != generation {
+		c = &archivedClean{generation: generation, seen: map[[32]byte]time.Time{}}
+		m.byProvider[uid] = c
+	}
+	c.seen[recordHash(rec)] = now
+}
+
+// prune forgets the provider's records no pass has listed since before.
+func (m *archivedMemory) prune(uid types.UID, before time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c := m.byProvider[uid]; c != nil {
+		for h, t := range c.seen {
+			if t.Before(before) {
+				delete(c.seen, h)
+			}
+		}
+	}
+}
+
+// forget drops everything remembered about every provider.
+func (m *archivedMemory) forget() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.byProvider = nil
+}
