@@ -26,7 +26,7 @@
 #   DEMO_ARCHIVE_AFTER    the manager's --archive-after (default 5s)
 #   PG_BIN        directory holding initdb, pg_ctl and postgres (default: PATH, then
 #                 /usr/lib/postgresql/<newest>/bin)
-#   DEMO_BILLING  a usage-billing platform instead: Lago (or a comma-separated list, or
+#   DEMO_BILLING  a usage-billing platform instead: Lago, Metronome (or a comma-separated list, or
 #                 "platforms" for every platform whose fake is in this checkout). Its fake
 #                 runs next to the manager and a job is settled through it, with a duplicate
 #                 delivery and a redelivery, checked against the platform's books
@@ -290,7 +290,7 @@ step "building the manager, the fake billing provider, send-webhook and the demo
 go build -o "$bin/manager" ./cmd
 go build -o "$bin/" ./cmd/fake-billing ./cmd/send-webhook ./hack/demo
 rm -f "$bin/kubectl-settlement"
-if [ -d cmd/kubectl-settlement ]; then
+if [ -d cmd/kubectl-settlement ] && [ -z "$platforms" ]; then # the variant has no archive to show
   go build -o "$bin/kubectl-settlement" ./cmd/kubectl-settlement
   note "and the kubectl plugin (kubectl settlement)"
 fi

@@ -18,7 +18,7 @@
 # adding one means adding its three functions and its name to platforms_known.
 
 # platforms_known: the BillingProvider types the variant knows, in the order it runs them.
-platforms_known=(Lago)
+platforms_known=(Lago Metronome)
 
 # platforms_select VALUE sets $platforms (a space-separated list) from DEMO_BILLING,
 # or dies saying what it accepts. "platforms" is every known type whose fake exists.
@@ -88,6 +88,33 @@ spec:
 EOF
 }
 platform_Lago_key() { echo key; } # the Secret's key holding the credential
+
+# --- Metronome (test/fakemetronome; README "Billing through Metronome") -------------
+# The credential is an API bearer token; the usage meter is sent as events of type
+# inference_tokens, the quantity in the property tokens.
+platform_Metronome_start() { # port
+  start_bg fake_metronome "$logs/fake-metronome.log" "$bin/fakemetronome" -addr "127.0.0.1:$1" -token-file "$state/metronome-credential"
+}
+platform_Metronome_provider() { # name endpoint secret
+  cat <<YAML
+apiVersion: hooks.settlement.dev/v1alpha1
+kind: BillingProvider
+metadata:
+  name: $1
+spec:
+  type: Metronome
+  endpoint: $2
+  allowInsecureHTTP: true # the fake listens on loopback without TLS
+  credentialsSecretRef: {name: $3, key: token}
+  idempotencyWindow: 816h # Metronome ignores a reused transaction_id for 34 days
+  requestTimeout: 2s
+  retry: {maxAttempts: 20, maxElapsed: 10m, initialBackoff: 500ms, maxBackoff: 4s}
+  metronome:
+    meters:
+    - {meter: inference-tokens, eventType: inference_tokens, quantityProperty: tokens}
+YAML
+}
+platform_Metronome_key() { echo token; }
 
 # platforms_main runs the variant after the manager is ready, and never returns: it
 # exits after the checks with DEMO_EXIT=1, else keeps everything running.

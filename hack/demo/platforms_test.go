@@ -38,6 +38,11 @@ func TestPlatformsDemo(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the platforms demo failed:\n%s", out.String())
 	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(line, "demo (") {
+			t.Log(line) // which platforms ran
+		}
+	}
 	for _, want := range []string{"[ok  ] all 2 settlements are Settled", "books hold exactly one billed event per settlement key", "every check passed"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the demo's output lacks %q:\n%s", want, out.String())
