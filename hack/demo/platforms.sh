@@ -18,7 +18,7 @@
 # adding one means adding its three functions and its name to platforms_known.
 
 # platforms_known: the BillingProvider types the variant knows, in the order it runs them.
-platforms_known=(Lago Metronome)
+platforms_known=(Lago Metronome OpenMeter)
 
 # platforms_select VALUE sets $platforms (a space-separated list) from DEMO_BILLING,
 # or dies saying what it accepts. "platforms" is every known type whose fake exists.
@@ -115,6 +115,34 @@ spec:
 YAML
 }
 platform_Metronome_key() { echo token; }
+
+# --- OpenMeter (test/fakeopenmeter; README "Billing through OpenMeter") ------------
+# The credential is an API token. The fake runs as a self-hosted OpenMeter does by
+# default, without deduplication, and the BillingProvider says so (no
+# spec.openMeter.deduplication): a second event under a key would count as usage
+# again, so the books show that the operator sent each charge once.
+platform_OpenMeter_start() { # port
+  start_bg fake_openmeter "$logs/fake-openmeter.log" "$bin/fakeopenmeter" -addr "127.0.0.1:$1" -token-file "$state/openmeter-credential"
+}
+platform_OpenMeter_provider() { # name endpoint secret
+  cat <<YAML
+apiVersion: hooks.settlement.dev/v1alpha1
+kind: BillingProvider
+metadata:
+  name: $1
+spec:
+  type: OpenMeter
+  endpoint: $2
+  allowInsecureHTTP: true # the fake listens on loopback without TLS
+  credentialsSecretRef: {name: $3, key: token}
+  requestTimeout: 2s
+  retry: {maxAttempts: 20, maxElapsed: 10m, initialBackoff: 500ms, maxBackoff: 4s}
+  openMeter:
+    meters:
+    - {meter: inference-tokens, eventType: prompt.tokens, valueProperty: tokens}
+YAML
+}
+platform_OpenMeter_key() { echo token; }
 
 # platforms_main runs the variant after the manager is ready, and never returns: it
 # exits after the checks with DEMO_EXIT=1, else keeps everything running.
