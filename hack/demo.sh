@@ -26,11 +26,12 @@
 #   DEMO_ARCHIVE_AFTER    the manager's --archive-after (default 5s)
 #   PG_BIN        directory holding initdb, pg_ctl and postgres (default: PATH, then
 #                 /usr/lib/postgresql/<newest>/bin)
-#   DEMO_BILLING  a usage-billing platform instead: Lago, Metronome, OpenMeter (or a list: Lago,OpenMeter; or
-#                 "platforms" for every platform whose fake is in this checkout). Its fake
-#                 runs next to the manager and a job is settled through it, with a duplicate
-#                 delivery and a redelivery, checked against the platform's books
-#                 (hack/demo/platforms.sh; without the archive). Unset: the tour above.
+#   DEMO_BILLING  a usage-billing platform instead: Lago, Metronome or OpenMeter, a list
+#                 (Lago,OpenMeter), or "platforms" for every platform whose fake is in this
+#                 checkout. Its fake runs next to the manager and jobs are settled through
+#                 it, with a duplicate delivery and a redelivery, checked against the
+#                 platform's books (hack/demo/platforms.sh; without the archive). Unset:
+#                 the tour above.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
