@@ -335,8 +335,10 @@ type ReplayStatus struct {
 
 // BillingSettlementStatus is written by the BillingSettlement controller.
 type BillingSettlementStatus struct {
-	// observedGeneration is the spec generation this status describes.
+	// observedGeneration is the spec generation this status describes; 0 until the
+	// operator has looked at the object.
 	// +optional
+	// +kubebuilder:default=0
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
 	// state of the settlement.
@@ -507,8 +509,11 @@ type BillingSettlement struct {
 	// +required
 	Spec BillingSettlementSpec `json:"spec"`
 
-	// status is written by the operator.
+	// status is written by the operator. The CRD defaults status.observedGeneration
+	// to 0, so kstatus-based tools (Flux's wait on a Refund kept in Git) see a
+	// generation not observed yet, in progress, until the operator has looked at it.
 	// +optional
+	// +kubebuilder:default={observedGeneration:0}
 	Status BillingSettlementStatus `json:"status,omitempty"`
 }
 

@@ -751,7 +751,7 @@ func (r *Receiver) newEvent(ns, name string, p *hooksv1alpha1.WebhookProvider, e
 			Provider: p.Name, EventID: ev.ID, EventType: ev.Type, Sequence: ev.Sequence,
 			PayloadHash: ev.PayloadHash, ReceivedAt: metav1.NewTime(r.opts.Now().UTC()),
 			JobCompletions: ev.JobCompletions, Settlements: ev.Settlements,
-			UnmappedJobStates: ev.UnmappedJobStates,
+			UnmappedJobStates: ev.UnmappedJobStates, HeldFacts: ev.HeldFacts,
 		},
 	}
 	if raw := p.Spec.RawPayload; raw != nil && raw.Enabled {
