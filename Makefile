@@ -71,7 +71,7 @@ envtest: ## Obtain the test control plane (built from source on first use) and p
 	@hack/setup-envtest.sh
 
 .PHONY: demo
-demo: ## Run the operator's whole job on a local control plane (no cluster needed); DEMO_EXIT=1 exits after the checks.
+demo: ## Run the operator's whole job on a local control plane (no cluster needed); DEMO_EXIT=1 exits after the checks; DEMO_BILLING=Lago|Metronome|OpenMeter|platforms bills through usage-billing platforms' fakes.
 	@hack/demo.sh
 
 .PHONY: test

@@ -26,6 +26,12 @@
 #   DEMO_ARCHIVE_AFTER    the manager's --archive-after (default 5s)
 #   PG_BIN        directory holding initdb, pg_ctl and postgres (default: PATH, then
 #                 /usr/lib/postgresql/<newest>/bin)
+#   DEMO_BILLING  a usage-billing platform instead: Lago, Metronome or OpenMeter, a list
+#                 (Lago,OpenMeter), or "platforms" for every platform whose fake is in this
+#                 checkout. Its fake runs next to the manager and jobs are settled through
+#                 it, with a duplicate delivery and a redelivery, checked against the
+#                 platform's books (hack/demo/platforms.sh; without the archive). Unset:
+#                 the tour above.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -105,10 +111,11 @@ cleanup() {
   trap '' INT TERM HUP
   [ -z "${sleeper:-}" ] || kill "$sleeper" 2>/dev/null || true
   if [ -n "${pid_controlplane:-}${pid_billing:-}${pid_manager:-}${pgdir:-}" ]; then
-    printf '\nstopping the demo (manager, fake billing provider, %scontrol plane)...\n' "${pgdir:+PostgreSQL, }"
+    printf '\nstopping the demo (manager, %s, %scontrol plane)...\n' "${fakes_desc:-fake billing provider}" "${pgdir:+PostgreSQL, }"
   fi
   [ -n "${pid_manager:-}" ] && stop_group "$pid_manager" 35
   [ -n "${pid_billing:-}" ] && stop_group "$pid_billing" 10
+  [ -z "${platforms:-}" ] || platforms_stop
   if [ -n "${pgdir:-}" ]; then
     stop_postgres "$pgdir"
     # A directory of its own under /tmp (see start_postgres) goes; $state/postgres
@@ -256,6 +263,12 @@ psql_archive() {
 
 # --- start ------------------------------------------------------------------------
 command -v go >/dev/null || die "go is not on PATH (the demo builds the operator from this checkout)"
+platforms=''
+if [ -n "${DEMO_BILLING:-}" ] && [ "$DEMO_BILLING" != HTTP ]; then
+  . hack/demo/platforms.sh # the usage-billing platforms variant
+  platforms_select "$DEMO_BILLING"
+  fakes_desc="the fakes of ${platforms// /, }"
+fi
 mkdir -p "$bin" "$logs"
 stop_leftovers
 rm -rf "$state/tmp"
@@ -278,10 +291,11 @@ step "building the manager, the fake billing provider, send-webhook and the demo
 go build -o "$bin/manager" ./cmd
 go build -o "$bin/" ./cmd/fake-billing ./cmd/send-webhook ./hack/demo
 rm -f "$bin/kubectl-settlement"
-if [ -d cmd/kubectl-settlement ]; then
+if [ -d cmd/kubectl-settlement ] && [ -z "$platforms" ]; then # the variant has no archive to show
   go build -o "$bin/kubectl-settlement" ./cmd/kubectl-settlement
   note "and the kubectl plugin (kubectl settlement)"
 fi
+[ -z "$platforms" ] || platforms_build
 note "into $bin"
 
 # The archive runs when the manager has the flag and PostgreSQL is installed.
@@ -289,6 +303,8 @@ archive='' pgbin='' psql=''
 manager_help=$("$bin/manager" --help 2>&1 || true) # flag's -help exits 2
 if [ "${DEMO_ARCHIVE:-1}" = 0 ]; then
   note "archive: off (DEMO_ARCHIVE=0)"
+elif [ -n "$platforms" ]; then
+  note "archive: off (DEMO_BILLING: every record stays in the cluster, next to the platform's books)"
 elif ! grep -q -- '-archive-database-url' <<<"$manager_help"; then
   note "archive: off (this manager has no --archive-database-url flag yet)"
 elif ! pgbin=$(pg_bin_dir); then
@@ -325,13 +341,15 @@ pick_port probe_port 8081
 billing_url=http://127.0.0.1:$billing_port
 receiver_url=http://127.0.0.1:$receiver_port/webhooks/$ns/inference
 
-step "starting the fake billing provider on $billing_url"
 umask 077
 printf '%s' "$(head -c 24 /dev/urandom | base64 | tr -dc 'A-Za-z0-9')" >"$state/billing-token"
 printf 'whsec_%s' "$(head -c 24 /dev/urandom | base64)" >"$state/webhook-secret"
 umask 022
-start_bg billing "$logs/fake-billing.log" "$bin/fake-billing" -addr "127.0.0.1:$billing_port" -token-file "$state/billing-token"
-"$bin/demo" wait-http -url "$billing_url/_admin/ledger" -timeout 30s || die "the fake billing provider did not start; see $logs/fake-billing.log"
+if [ -z "$platforms" ]; then # the variant starts its platforms' fakes instead
+  step "starting the fake billing provider on $billing_url"
+  start_bg billing "$logs/fake-billing.log" "$bin/fake-billing" -addr "127.0.0.1:$billing_port" -token-file "$state/billing-token"
+  "$bin/demo" wait-http -url "$billing_url/_admin/ledger" -timeout 30s || die "the fake billing provider did not start; see $logs/fake-billing.log"
+fi
 
 manager_env=(KUBECONFIG="$kubeconfig")
 manager_args=(
@@ -365,6 +383,30 @@ if [ -n "$archive" ] && command -v curl >/dev/null; then
   note "$(curl -s "http://127.0.0.1:$metrics_port/metrics" | grep '^settlement_archive_enabled' || echo 'settlement_archive_enabled: not exported')"
 fi
 
+# payload JOB VERSION STATE TOKENS CUSTOMER: what the inference platform reports,
+# in the shape config/samples/hooks_v1alpha1_webhookprovider.yaml reads.
+payload() {
+  printf '{"type":"job.completed","data":{"job_id":"%s","version":%d,"state":"%s","completed_at":"2026-11-30T12:00:0%dZ","customer":"%s","usage":{"tokens":%d}}}' \
+    "$1" "$2" "$3" "$2" "$5" "$4"
+}
+# send EXPECTED-STATUS EVENT-ID JOB VERSION STATE TOKENS [CUSTOMER]: one signed delivery.
+send() {
+  local want=$1 id=$2 body out code
+  body=$(payload "$3" "$4" "$5" "$6" "${7:-cus_acme}")
+  out=$("$bin/send-webhook" -url "$receiver_url" -secret-file "$state/webhook-secret" -id "$id" -data "$body" 2>"$state/send.err") || true
+  [ -n "$out" ] || out=$(cat "$state/send.err")
+  code=${out%% *}
+  last_event=$(printf '%s' "$out" | sed -n 's/.*"event":"\([^"]*\)".*/\1/p')
+  printf '    %-16s %-34s %s\n' "$id" "$3 v$4 $5, $6 tokens" "$out"
+  if [ "$code" != "$want" ]; then
+    note "^ expected $want"
+    failures=$((failures + 1))
+  fi
+}
+
+# The platforms variant takes over here (hack/demo/platforms.sh) and does not return.
+[ -z "$platforms" ] || platforms_main
+
 step "configuring a WebhookProvider (Standard Webhooks) and a BillingProvider"
 k create secret generic inference-webhook-secret -n "$ns" --from-file=key="$state/webhook-secret" | sed 's/^/    /'
 k create secret generic billing-api-token -n "$ns" --from-file=token="$state/billing-token" | sed 's/^/    /'
@@ -390,27 +432,6 @@ spec:
 EOF
 k wait --for=condition=Ready -n "$ns" webhookprovider/inference --timeout=60s >/dev/null
 k get whp,bp -n "$ns" | sed 's/^/    /'
-
-# payload JOB VERSION STATE TOKENS CUSTOMER: what the inference platform reports,
-# in the shape config/samples/hooks_v1alpha1_webhookprovider.yaml reads.
-payload() {
-  printf '{"type":"job.completed","data":{"job_id":"%s","version":%d,"state":"%s","completed_at":"2026-11-30T12:00:0%dZ","customer":"%s","usage":{"tokens":%d}}}' \
-    "$1" "$2" "$3" "$2" "$5" "$4"
-}
-# send EXPECTED-STATUS EVENT-ID JOB VERSION STATE TOKENS [CUSTOMER]: one signed delivery.
-send() {
-  local want=$1 id=$2 body out code
-  body=$(payload "$3" "$4" "$5" "$6" "${7:-cus_acme}")
-  out=$("$bin/send-webhook" -url "$receiver_url" -secret-file "$state/webhook-secret" -id "$id" -data "$body" 2>"$state/send.err") || true
-  [ -n "$out" ] || out=$(cat "$state/send.err")
-  code=${out%% *}
-  last_event=$(printf '%s' "$out" | sed -n 's/.*"event":"\([^"]*\)".*/\1/p')
-  printf '    %-16s %-34s %s\n' "$id" "$3 v$4 $5, $6 tokens" "$out"
-  if [ "$code" != "$want" ]; then
-    note "^ expected $want"
-    failures=$((failures + 1))
-  fi
-}
 
 fault() { # JSON: queue faults at the fake billing provider
   local out

@@ -7,7 +7,7 @@ import (
 // BillingProviderType is the kind of billing backend.
 // The enum lists exactly the types with an adapter (internal/billing/adapters), so no
 // config is accepted that the operator cannot serve.
-// +kubebuilder:validation:Enum=HTTP;Stripe;Lago;Metronome
+// +kubebuilder:validation:Enum=HTTP;Stripe;Lago;Metronome;OpenMeter
 type BillingProviderType string
 
 const (
@@ -210,6 +210,7 @@ type ReconciliationPolicy struct {
 // +kubebuilder:validation:XValidation:rule="self.endpoint.startsWith('https://') || self.allowInsecureHTTP",message="endpoint must use https:// unless allowInsecureHTTP is true"
 // +kubebuilder:validation:XValidation:rule="!has(self.stripe) || (has(self.type) && self.type == 'Stripe')",message="stripe settings apply to type Stripe only"
 // +kubebuilder:validation:XValidation:rule="has(self.metronome) == (has(self.type) && self.type == 'Metronome')",message="a Metronome provider needs spec.metronome (its meters), and spec.metronome applies to type Metronome only"
+// +kubebuilder:validation:XValidation:rule="has(self.openMeter) == (has(self.type) && self.type == 'OpenMeter')",message="openMeter is required for type OpenMeter and applies to it only: it maps each usage meter to its OpenMeter event type"
 // +kubebuilder:validation:XValidation:rule="!has(self.type) || self.type != 'Stripe' || !has(self.idempotencyWindow) || duration(self.idempotencyWindow) <= duration('24h')",message="a Stripe provider's idempotencyWindow is at most 24h: Stripe keeps idempotency keys for 24 hours"
 // +kubebuilder:validation:XValidation:rule="!has(self.type) || self.type != 'Stripe' || !has(self.requestTimeout) || duration(self.requestTimeout) <= duration('1m')",message="a Stripe provider's requestTimeout is at most 1m: a resend under a key must reach Stripe inside its 24-hour window"
 // +kubebuilder:validation:XValidation:rule="has(self.lago) == (has(self.type) && self.type == 'Lago')",message="lago settings are required for type Lago (spec.lago.metrics) and apply to type Lago only"
@@ -269,11 +270,16 @@ type BillingProviderSpec struct {
 	// +optional
 	Stripe *StripeSettings `json:"stripe,omitempty"`
 	// lago configures a provider of type Lago: which billable metrics usage goes to.
+	// +optional
 	Lago *LagoSettings `json:"lago,omitempty"`
 
 	// metronome configures a provider of type Metronome: the event type of each usage meter.
 	// +optional
 	Metronome *MetronomeSettings `json:"metronome,omitempty"`
+
+	// openMeter configures a provider of type OpenMeter: its event types, source and deduplication.
+	// +optional
+	OpenMeter *OpenMeterSettings `json:"openMeter,omitempty"`
 
 	// reconciliation configures the periodic comparison with the provider.
 	// +optional

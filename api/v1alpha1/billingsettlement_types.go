@@ -142,6 +142,12 @@ const (
 	// with the provider's dashboard, as the message says. Also the reason of a
 	// Reconciled condition a pass sets on a settlement it can never compare.
 	ReasonProviderCannotAnswer = "ProviderCannotAnswer"
+	// ReasonNotDeduplicated: the provider does not deduplicate (OpenMeter without
+	// deduplication counts a resend as new usage), an attempt may have reached it, and
+	// its listing does not show the request — which proves nothing while it ingests
+	// asynchronously. Nothing is ever sent again: a human looks for the event, as the
+	// message says, and a reconcile request adopts it once it is listed.
+	ReasonNotDeduplicated = "NotDeduplicated"
 	// ReasonVoided: the reason of a Reconciled condition a pass sets on a settled charge
 	// the provider no longer has because a settled Void of it cancelled it (Stripe
 	// deletes a voided invoice item).
@@ -329,8 +335,10 @@ type ReplayStatus struct {
 
 // BillingSettlementStatus is written by the BillingSettlement controller.
 type BillingSettlementStatus struct {
-	// observedGeneration is the spec generation this status describes.
+	// observedGeneration is the spec generation this status describes; 0 until the
+	// operator has looked at the object.
 	// +optional
+	// +kubebuilder:default=0
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
 	// state of the settlement.
@@ -501,8 +509,11 @@ type BillingSettlement struct {
 	// +required
 	Spec BillingSettlementSpec `json:"spec"`
 
-	// status is written by the operator.
+	// status is written by the operator. The CRD defaults status.observedGeneration
+	// to 0, so kstatus-based tools (Flux's wait on a Refund kept in Git) see a
+	// generation not observed yet, in progress, until the operator has looked at it.
 	// +optional
+	// +kubebuilder:default={observedGeneration:0}
 	Status BillingSettlementStatus `json:"status,omitempty"`
 }
 

@@ -22,7 +22,9 @@ const (
 
 	// AnnotationReplay, set to a new value on a dead-lettered or failed settlement,
 	// asks the controller to resume it through the normal path with the same
-	// idempotency key. Only the value's change matters; it is recorded in status.
+	// idempotency key; on a WebhookEvent with unmapped job states, to read them again
+	// through the provider's current spec.states (docs/design.md §5.1, "Replay").
+	// Only the value's change matters; it is recorded in status.
 	AnnotationReplay = "hooks.settlement.dev/replay"
 
 	// AnnotationReconcileRequest is set by a reconciliation pass (to the report's

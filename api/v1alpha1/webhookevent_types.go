@@ -72,6 +72,10 @@ const (
 	// ReasonUnmappedState: a job completion's state is not mapped (spec.states of the
 	// WebhookProvider); the condition's message names the state.
 	ReasonUnmappedState = "UnmappedState"
+	// ReasonReplayNotApplied is the Warning Event of an event replay that changed
+	// nothing: its states are still unmapped, map to different meanings, or the event
+	// holds no facts for their meaning. status.replay.message says which.
+	ReasonReplayNotApplied = "ReplayNotApplied"
 )
 
 // JobCompletionFacts is one job completion extracted from a payload at receipt.
@@ -119,6 +123,28 @@ type UnmappedJobState struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=64
 	State string `json:"state"`
+}
+
+// HeldFacts is what an event's route yields if every unmapped job state of the event
+// meant `as`, beyond what it yielded at receipt. Nothing held is dispatched until a
+// replay finds the states mapped to `as`.
+type HeldFacts struct {
+	// as is the meaning assumed for the event's unmapped job states.
+	// +required
+	// +kubebuilder:validation:Enum=Succeeded;Failed;Cancelled
+	As JobStateMeaning `json:"as"`
+
+	// jobCompletions the route yields then, beyond spec.jobCompletions.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=atomic
+	JobCompletions []JobCompletionFacts `json:"jobCompletions,omitempty"`
+
+	// settlements the route yields then, beyond spec.settlements.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=atomic
+	Settlements []SettlementFacts `json:"settlements,omitempty"`
 }
 
 // SettlementFacts is one charge extracted from a payload at receipt.
@@ -232,6 +258,16 @@ type WebhookEventSpec struct {
 	// +optional
 	Quarantine *QuarantineInfo `json:"quarantine,omitempty"`
 
+	// heldFacts are, for an event with unmapped job states, what its route yields if
+	// those states meant Succeeded, Failed or Cancelled (one entry per meaning), beyond
+	// what it yields now: kept at receipt, so that a replay, once spec.states maps the
+	// states, dispatches exactly what a delivery would have (docs/design.md §5.1,
+	// "Replay"). The payload itself is not kept.
+	// +optional
+	// +kubebuilder:validation:MaxItems=3
+	// +listType=atomic
+	HeldFacts []HeldFacts `json:"heldFacts,omitempty"`
+
 	// rawPayload is the payload as received, only when the provider opts in, capped at
 	// its maxBytes.
 	// +optional
@@ -275,6 +311,33 @@ type OperationStatus struct {
 	Message string `json:"message,omitempty"`
 }
 
+// EventReplayStatus records the replays of an event (docs/design.md §5.1, "Replay").
+type EventReplayStatus struct {
+	// lastToken is the replay annotation value last acted on.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	LastToken string `json:"lastToken,omitempty"`
+
+	// count of replays acted on.
+	// +optional
+	Count int32 `json:"count,omitempty"`
+
+	// lastAt is when the last replay was acted on.
+	// +optional
+	LastAt *metav1.Time `json:"lastAt,omitempty"`
+
+	// mappedAs is the meaning a replay found the event's unmapped job states mapped to
+	// (spec.states of the WebhookProvider, read then): the event has dispatched its
+	// heldFacts for it (nothing for Ignored). Set once; later replays change nothing.
+	// +optional
+	MappedAs JobStateMeaning `json:"mappedAs,omitempty"`
+
+	// message says what the last replay did, or why it did nothing.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
+}
+
 // WebhookEventStatus is written by the WebhookEvent controller.
 type WebhookEventStatus struct {
 	// observedGeneration is the spec generation this status describes.
@@ -290,6 +353,11 @@ type WebhookEventStatus struct {
 	// +kubebuilder:validation:MaxItems=128
 	// +listType=atomic
 	Operations []OperationStatus `json:"operations,omitempty"`
+
+	// replay records replays requested through the hooks.settlement.dev/replay
+	// annotation and what the last one did.
+	// +optional
+	Replay *EventReplayStatus `json:"replay,omitempty"`
 
 	// deleteAfter is when retention will delete this event, once it is complete.
 	// +optional

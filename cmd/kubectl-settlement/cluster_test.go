@@ -29,6 +29,7 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/controllers/billingsettlement"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/archivedb"
 	"github.com/settlement-operator/settlement-operator/internal/kubectlplugin/kube"
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
@@ -610,5 +611,78 @@ func TestRefund(t *testing.T) {
 	reader := kubeEnv(t, cfg, "nobody")
 	if r := cli(t, reader, "refund", n.charge, "--full", "--refund-id", "3", "-n", ns); r.code != 1 || !strings.Contains(r.stderr, "not allowed") {
 		t.Fatalf("refund without rights: %d %s", r.code, r.stderr)
+	}
+}
+
+// TestReplayEvent replays, as a user who holds only the settlement-replayer
+// ClusterRole, an event whose job state was unmapped, and is refused for events a
+// replay would not change.
+func TestReplayEvent(t *testing.T) {
+	cl, ns, cfg := cluster(t)
+	ctx := context.Background()
+	newEvent := func(id string, unmapped []hooksv1alpha1.UnmappedJobState) *hooksv1alpha1.WebhookEvent {
+		t.Helper()
+		ev := &hooksv1alpha1.WebhookEvent{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: identity.EventName(ns, "inference", id)},
+			Spec: hooksv1alpha1.WebhookEventSpec{Provider: "inference", EventID: id, EventType: "job.completed",
+				PayloadHash: "sha256:" + strings.Repeat("0", 64), ReceivedAt: metav1.Now(), UnmappedJobStates: unmapped}}
+		if err := cl.Create(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+		return ev
+	}
+	unmapped := newEvent("msg_unmapped", []hooksv1alpha1.UnmappedJobState{{JobID: "job-1", State: "FINISHED"}})
+	plain := newEvent("msg_plain", nil)
+
+	b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "rbac", "settlement_replayer_role.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var role rbacv1.ClusterRole
+	if err := yaml.Unmarshal(b, &role); err != nil {
+		t.Fatal(err)
+	}
+	role.Name = "settlement-replayer-" + ns
+	if err := cl.Create(ctx, &role); err != nil {
+		t.Fatal(err)
+	}
+	user := "oncall-" + ns
+	if err := cl.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "oncall"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}); err != nil {
+		t.Fatal(err)
+	}
+	env := kubeEnv(t, cfg, user)
+
+	if r := cli(t, env, "replay", "event", plain.Name, "-n", ns); r.code != 1 || !strings.Contains(r.stderr, "has no unmapped job states") {
+		t.Fatalf("replay of an event without unmapped states: %d %s", r.code, r.stderr)
+	}
+	if r := cli(t, env, "replay", "event", "nope", "-n", ns); r.code != 1 || !strings.Contains(r.stderr, `no WebhookEvent in namespace "`+ns+`" named nope`) {
+		t.Fatalf("replay of nothing: %d %s", r.code, r.stderr)
+	}
+	// By event ID and provider, as the sender's dashboard names it.
+	r := cli(t, env, "replay", "event", "msg_unmapped", "--provider", "inference", "-n", ns)
+	if r.code != 0 {
+		t.Fatalf("replay: %d %s", r.code, r.stderr)
+	}
+	for _, s := range []string{"annotated " + hooksv1alpha1.AnnotationReplay + "=kubectl-settlement-", `job state(s) "FINISHED"`, "kubectl describe whe " + unmapped.Name} {
+		if !strings.Contains(r.stdout, s) {
+			t.Errorf("replay output lacks %q:\n%s", s, r.stdout)
+		}
+	}
+	var got hooksv1alpha1.WebhookEvent
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(unmapped), &got); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(got.Annotations[hooksv1alpha1.AnnotationReplay], "kubectl-settlement-") {
+		t.Fatalf("the event was not annotated: %v", got.Annotations)
+	}
+	// Once a replay has mapped the states, another changes nothing and is refused.
+	got.Status.Replay = &hooksv1alpha1.EventReplayStatus{LastToken: got.Annotations[hooksv1alpha1.AnnotationReplay], Count: 1,
+		MappedAs: hooksv1alpha1.JobStateMeaning(hooksv1alpha1.JobSucceeded)}
+	if err := cl.Status().Update(ctx, &got); err != nil {
+		t.Fatal(err)
+	}
+	if r := cli(t, env, "replay", "event", unmapped.Name, "-n", ns); r.code != 1 || !strings.Contains(r.stderr, "already mapped its job states as Succeeded") {
+		t.Fatalf("replay of a mapped event: %d %s", r.code, r.stderr)
 	}
 }

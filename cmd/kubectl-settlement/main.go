@@ -4,6 +4,7 @@
 //	go install github.com/settlement-operator/settlement-operator/cmd/kubectl-settlement@latest
 //	kubectl settlement trace <event-id|job-id|settlement-key|idempotency-key|name> [-n NS] [--provider P]
 //	kubectl settlement replay <settlement-name|settlement-key|idempotency-key> [-n NS]
+//	kubectl settlement replay event <event-name|event-id> [-n NS] [--provider NAME]
 //	kubectl settlement refund <charge> (--amount DECIMAL | --full) [--refund-id ID] [-n NS]
 //	kubectl settlement keys <event-id|job-id|settlement-key> [-n NS] [--provider P]
 //	kubectl settlement archive get <settlement-key|idempotency-key|job-id|event-id|name>
@@ -86,6 +87,8 @@ Commands:
                       completion, settlements and their refunds, provider reference,
                       with conditions and timestamps, from the cluster and the archive
   replay <settlement> replay a dead-lettered settlement (sets its replay annotation)
+  replay event <ev>   replay an event whose job states were unmapped, once spec.states
+                      maps them
   refund <charge>     refund a settled charge (--amount DECIMAL or --full): creates the
                       compensating settlement with its derived name and keys
   keys <id>           the names and keys the operator derives from an event ID, job ID

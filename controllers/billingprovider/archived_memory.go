@@ -20,14 +20,35 @@ import (
 // reading each archived settlement back every time was most of what a pass cost.
 //
 // What makes a record compare again: the record changes at the provider (another
-// hash), the BillingProvider's spec changes (another generation), or the archive is
-// found behind or unavailable (everything is forgotten: an archive restored to an
-// earlier point may no longer hold what was compared). A record not listed for an
-// hour past the overlap is forgotten. It lives in memory: after a restart or a change
-// of leader the first pass compares everything again.
+// hash), the BillingProvider's spec changes (another generation), or the archive may
+// no longer hold what was compared — it is found behind or unavailable, is held or
+// released, a person confirms a restore, or its insert counter, which only grows, is
+// lower than a pass read before (a restore to an earlier point the watermark did not
+// catch): then everything is forgotten. A record not listed for an hour past the
+// overlap is forgotten, and a deleted BillingProvider's records with it. It lives in
+// memory: after a restart or a change of leader the first pass compares everything again.
 type archivedMemory struct {
 	mu         sync.Mutex
 	byProvider map[types.UID]*archivedClean
+	archive    archiveState
+}
+
+// archiveState is what the memory was built against: the archive's changes count
+// (archive.Store.Changes) and the highest insert counter a pass read.
+type archiveState struct {
+	changes uint64
+	counter int64
+}
+
+// sameArchive forgets everything unless the archive is the one the memory was built
+// against: no change since, and an insert counter that did not go back.
+func (m *archivedMemory) sameArchive(now archiveState) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if now.changes != m.archive.changes || now.counter < m.archive.counter {
+		m.byProvider = nil
+	}
+	m.archive = now
 }
 
 type archivedClean struct {
@@ -84,6 +105,13 @@ func (m *archivedMemory) prune(uid types.UID, before time.Time) {
 			}
 		}
 	}
+}
+
+// drop forgets one provider (it was deleted).
+func (m *archivedMemory) drop(uid types.UID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.byProvider, uid)
 }
 
 // forget drops everything remembered about every provider.

@@ -372,6 +372,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, bp *hooksv1alpha1.Bill
 		r.Health.Forget(bp.UID)
 		r.findings.forget(bp.UID)
 		r.walks.take(bp.UID)
+		r.archived.drop(bp.UID)
 		ctrl.LoggerFrom(ctx).Info("no settlement holds the billing provider any more; deletion goes ahead")
 		return ctrl.Result{}, nil
 	}

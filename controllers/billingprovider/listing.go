@@ -91,8 +91,16 @@ func (r *Reconciler) compareProvider(ctx context.Context, bp *hooksv1alpha1.Bill
 	if t := bp.Status.ProviderListedUntil; t != nil {
 		since, mark = t.Add(-reconciliationPolicyOf(bp).stuckAfter), t.Time
 	}
-	// Records no pass has listed for an hour past the overlap are out of every window.
+	// Records no pass has listed for an hour past the overlap are out of every window;
+	// an archive that changed may no longer hold what was compared.
 	r.archived.prune(bp.UID, now.Add(-reconciliationPolicyOf(bp).stuckAfter-time.Hour))
+	if r.Archive != nil {
+		if counter, err := r.Archive.InsertCounter(ctx); err != nil {
+			r.archived.forget()
+		} else {
+			r.archived.sameArchive(archiveState{changes: r.Archive.Changes(), counter: counter})
+		}
+	}
 	seen := map[string]bool{}
 	cursor, pages, records := "", 0, int32(0)
 	p.walkStarted = now

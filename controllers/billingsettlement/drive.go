@@ -170,6 +170,7 @@ func (r *Reconciler) submit(ctx context.Context, s *settlementScope) (_ settleme
 		fmt.Sprintf("attempt %d sent with key %s", st.Attempts, bs.Spec.IdempotencyKey))
 	r.cond(bs, hooksv1alpha1.ConditionReady, metav1.ConditionFalse, hooksv1alpha1.ReasonSubmittedToProvider,
 		fmt.Sprintf("attempt %d in flight with key %s", st.Attempts, bs.Spec.IdempotencyKey))
+	setStalled(bs)
 	if _, err := statuspatch.Patch(ctx, r.Client, bs, s.before, true); err != nil {
 		bs.Status = *s.before.Status.DeepCopy()
 		return settlement.Observation{}, providerHold{}, fmt.Errorf("record attempt of billingsettlement %s: %w", bs.Name, err)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -24,6 +25,7 @@ import (
 // patchStatus writes the settlement's status once per reconcile, only if it changed,
 // with an optimistic lock, and counts the transition.
 func (r *Reconciler) patchStatus(ctx context.Context, s *settlementScope) error {
+	setStalled(s.bs)
 	wrote, err := statuspatch.Patch(ctx, r.Client, s.bs, s.before, true)
 	if err != nil || !wrote {
 		return err
@@ -31,6 +33,28 @@ func (r *Reconciler) patchStatus(ctx context.Context, s *settlementScope) error 
 	r.countTransition(s)
 	s.before = s.bs.DeepCopy()
 	return nil
+}
+
+// setStalled writes kstatus's Stalled=True, with Ready's reason and message, while the
+// settlement is in a state only a person ends (Failed, dead-lettered or not, and
+// RequiresReconciliation), and removes it otherwise (docs/design.md §3.1). It is
+// derived from the state in the write that changes the state, so it costs no write of
+// its own and leaves nothing on a settled settlement. kstatus reads Ready=False as in
+// progress, so without it a Flux wait on a Refund kept in Git that failed would run
+// to its timeout instead of failing with the reason.
+func setStalled(bs *hooksv1alpha1.BillingSettlement) {
+	switch bs.Status.State {
+	case hooksv1alpha1.SettlementFailed, hooksv1alpha1.SettlementRequiresReconciliation:
+		reason, msg := string(bs.Status.State), "the settlement needs a person: see docs/runbook.md"
+		if ready := findCondition(bs, hooksv1alpha1.ConditionReady); ready != nil && ready.Status == metav1.ConditionFalse {
+			reason, msg = ready.Reason, ready.Message
+		}
+		r := metav1.Condition{Type: hooksv1alpha1.ConditionStalled, Status: metav1.ConditionTrue, Reason: reason, Message: msg,
+			ObservedGeneration: bs.Generation}
+		meta.SetStatusCondition(&bs.Status.Conditions, r)
+	default:
+		meta.RemoveStatusCondition(&bs.Status.Conditions, hooksv1alpha1.ConditionStalled)
+	}
 }
 
 // countTransition counts a state change between the last write and this one.

@@ -25,15 +25,21 @@ import (
 func (r *Reconciler) dispatch(ctx context.Context, ev *hooksv1alpha1.WebhookEvent) error {
 	recorded := map[string]hooksv1alpha1.OperationStatus{}
 	for _, op := range ev.Status.Operations {
+		if op.Outcome == hooksv1alpha1.OutcomeUnmapped {
+			// Nothing was created for it; once a replay mapped its state, the job's
+			// operation is decided afresh (and never read as a child deleted).
+			continue
+		}
 		recorded[string(op.Type)+"/"+op.Key] = op
 	}
+	jobFacts, stlFacts, unmapped := facts(ev)
 	var ops []hooksv1alpha1.OperationStatus
 	var errs []error
 	// firstSeen holds the jobs whose JobCompletion this reconcile created: they were
 	// never seen, so their default-key settlement cannot have been sent before.
 	firstSeen := map[string]string{}
-	for i := range ev.Spec.JobCompletions {
-		f := &ev.Spec.JobCompletions[i]
+	for i := range jobFacts {
+		f := &jobFacts[i]
 		op, created, err := r.jobCompletion(ctx, ev, f, recorded[string(hooksv1alpha1.OperationJobCompletion)+"/"+f.JobID])
 		if created != "" {
 			firstSeen[f.JobID] = created
@@ -46,7 +52,7 @@ func (r *Reconciler) dispatch(ctx context.Context, ev *hooksv1alpha1.WebhookEven
 	// job's charge only while no newer version exists.
 	reported := map[string]int64{}
 	completedAt := map[string]*metav1.Time{} // of the version reported
-	for _, f := range ev.Spec.JobCompletions {
+	for _, f := range jobFacts {
 		if v, seen := reported[f.JobID]; !seen || f.Version > v {
 			reported[f.JobID], completedAt[f.JobID] = f.Version, f.CompletedAt
 		}
@@ -59,8 +65,8 @@ func (r *Reconciler) dispatch(ctx context.Context, ev *hooksv1alpha1.WebhookEven
 			undecided[op.Key] = true
 		}
 	}
-	for i := range ev.Spec.Settlements {
-		f := &ev.Spec.Settlements[i]
+	for i := range stlFacts {
+		f := &stlFacts[i]
 		if f.JobID != "" && undecided[f.JobID] {
 			// Whether this settlement conflicts depends on whether the job's completion
 			// is superseded: decide (once, for good) after that is known.
@@ -76,7 +82,7 @@ func (r *Reconciler) dispatch(ctx context.Context, ev *hooksv1alpha1.WebhookEven
 		errs = append(errs, err)
 		ops = append(ops, withError(op, err))
 	}
-	ops = append(ops, unmappedOperations(ev)...)
+	ops = append(ops, unmappedOperations(ev, unmapped)...)
 	ev.Status.Operations = ops
 	for _, err := range errs {
 		if err != nil {
@@ -486,9 +492,9 @@ func sameOperation(a, b string) bool {
 // unmappedOperations records the job completions whose state the provider does not map
 // (docs/design.md §5, "Job states"): nothing was created or charged for them, and the
 // outcome says what to do. The message names the state, never the payload.
-func unmappedOperations(ev *hooksv1alpha1.WebhookEvent) []hooksv1alpha1.OperationStatus {
+func unmappedOperations(ev *hooksv1alpha1.WebhookEvent, unmapped []hooksv1alpha1.UnmappedJobState) []hooksv1alpha1.OperationStatus {
 	var ops []hooksv1alpha1.OperationStatus
-	for _, u := range ev.Spec.UnmappedJobStates {
+	for _, u := range unmapped {
 		what := fmt.Sprintf("job %s", u.JobID)
 		if u.JobID == "" {
 			what = "a when condition's jobState()"
@@ -496,7 +502,7 @@ func unmappedOperations(ev *hooksv1alpha1.WebhookEvent) []hooksv1alpha1.Operatio
 		ops = append(ops, hooksv1alpha1.OperationStatus{Type: hooksv1alpha1.OperationJobCompletion, Key: u.JobID,
 			Outcome: hooksv1alpha1.OutcomeUnmapped, State: hooksv1alpha1.ReasonUnmappedState,
 			Message: fmt.Sprintf("%s: job state %q is not in WebhookProvider %s's spec.states; nothing was created or charged for it. "+
-				"Add the state to spec.states, then have the sender redeliver the event (docs/runbook.md, UnmappedState)",
+				"Add the state to spec.states, then replay the event: set the hooks.settlement.dev/replay annotation (docs/runbook.md, UnmappedState)",
 				what, u.State, ev.Spec.Provider)})
 	}
 	return ops

@@ -100,7 +100,8 @@ func (r *Reconciler) newerReceived(ctx context.Context, ev *hooksv1alpha1.Webhoo
 		if decided {
 			continue
 		}
-		for _, f := range o.Spec.JobCompletions {
+		jobs, _, _ := facts(o)
+		for _, f := range jobs {
 			if f.JobID == job.id && f.Version > job.version && f.Version > newest {
 				newest, by = f.Version, o.Name
 			}

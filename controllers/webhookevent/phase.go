@@ -112,9 +112,13 @@ func derivePhase(ev *hooksv1alpha1.WebhookEvent) {
 	case healthFailing:
 		ev.Status.Phase = hooksv1alpha1.EventPartiallyFailed
 		if states := unmappedStates(ev); states != "" {
+			msg := fmt.Sprintf("job state(s) %s not mapped by the WebhookProvider's spec.states: nothing was created or charged "+
+				"for those jobs; add them to spec.states, then replay the event (hooks.settlement.dev/replay annotation; see status.operations)", states)
+			if rp := ev.Status.Replay; rp != nil && rp.Message != "" {
+				msg = "last " + rp.Message + ". " + msg
+			}
 			conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,
-				hooksv1alpha1.ReasonUnmappedState, fmt.Sprintf("job state(s) %s not mapped by the WebhookProvider's spec.states: "+
-					"nothing was created or charged for those jobs; add them to spec.states and have the sender redeliver (see status.operations)", states))
+				hooksv1alpha1.ReasonUnmappedState, conditions.TruncateMessage(msg))
 			break
 		}
 		conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionFalse,

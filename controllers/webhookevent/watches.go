@@ -25,10 +25,11 @@ import (
 func eventChildren(obj client.Object) []string {
 	ev := obj.(*hooksv1alpha1.WebhookEvent)
 	var names []string
-	for _, f := range ev.Spec.JobCompletions {
+	jobs, stls, _ := facts(ev)
+	for _, f := range jobs {
 		names = append(names, identity.JobCompletionName(ev.Spec.Provider, f.JobID))
 	}
-	for _, f := range ev.Spec.Settlements {
+	for _, f := range stls {
 		names = append(names, identity.SettlementNameFor(ev.Spec.Provider, f.SettlementKey))
 		if k, ok := identity.ParseSettlementKey(f.SettlementKey); ok && k.Kind == identity.KeyKindFields {
 			// The charge may live under its legacy name (legacySettlement).
@@ -127,7 +128,8 @@ func (r *Reconciler) othersDone(ctx context.Context, key types.NamespacedName, c
 		}
 		return h(obj) == healthProgressing
 	}
-	for _, f := range ev.Spec.JobCompletions {
+	jobs, stls, _ := facts(&ev)
+	for _, f := range jobs {
 		var jc hooksv1alpha1.JobCompletion
 		name := identity.JobCompletionName(ev.Spec.Provider, f.JobID)
 		if progressing(name, &jc, childHealthOfJob) && jc.Spec.Completion.Version <= f.Version {
@@ -135,7 +137,7 @@ func (r *Reconciler) othersDone(ctx context.Context, key types.NamespacedName, c
 			return false
 		}
 	}
-	for _, f := range ev.Spec.Settlements {
+	for _, f := range stls {
 		var bs hooksv1alpha1.BillingSettlement
 		if progressing(identity.SettlementNameFor(ev.Spec.Provider, f.SettlementKey), &bs, childHealthOfSettlement) {
 			return false

@@ -58,6 +58,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookevents/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=jobcompletions,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=hooks.settlement.dev,resources=billingsettlements,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=hooks.settlement.dev,resources=webhookproviders,verbs=get;list;watch
 
 // Reconcile dispatches one event.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -75,11 +76,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		ev.Status.Operations = r.held.get(req.NamespacedName, ev.UID)
 	}
 
+	if token, ok := replayRequested(&ev); ok {
+		if err := r.replay(ctx, &ev, token); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+
 	var err error
+	jobs, stls, unmapped := facts(&ev)
 	switch {
 	case ev.Spec.Quarantine != nil:
 		r.quarantined(&ev)
-	case len(ev.Spec.JobCompletions) == 0 && len(ev.Spec.Settlements) == 0 && len(ev.Spec.UnmappedJobStates) == 0:
+	case len(jobs) == 0 && len(stls) == 0 && len(unmapped) == 0:
 		// A stored unrouted event is deduplicated across the archive like any other.
 		if res, gone, cerr := r.checkArchivedReceipt(ctx, &ev); gone || cerr != nil || !res.IsZero() {
 			if !gone {
@@ -88,6 +96,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 				}
 			}
 			return res, cerr
+		}
+		if mappedByReplay(&ev) != "" {
+			// A replay mapped every unmapped state to Ignored: nothing is left of them.
+			ev.Status.Operations = nil
 		}
 		ev.Status.Phase = hooksv1alpha1.EventIgnored
 		conditions.Set(&ev.Status.Conditions, ev.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,

@@ -12,6 +12,8 @@
 //	     [-archive-url-file FILE]                      … counting the records in the cluster and in the archive
 //	demo wait-archived -kubeconfig FILE -archive-url-file FILE
 //	                                                   wait until the Settled settlements have left the cluster for the archive
+//	demo platform-report -kubeconfig FILE -namespace NS -platform TYPE -effects-url URL
+//	                                                   DEMO_BILLING: one tenant's settlements next to a platform fake's books
 //
 // The archive is read directly with SQL (internal/archive/migrations): the demo checks
 // the operator, so it does not go through the operator's own archive code.
@@ -52,7 +54,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: demo control-plane|wait-http|post|settle|report|wait-archived [flags]")
+		fmt.Fprintln(os.Stderr, "usage: demo control-plane|wait-http|post|settle|report|wait-archived|platform-report [flags]")
 		os.Exit(2)
 	}
 	commands := map[string]func([]string) error{
@@ -62,6 +64,8 @@ func main() {
 		"settle":        settle,
 		"report":        report,
 		"wait-archived": waitArchived,
+		// The usage-billing platforms variant (platforms.go).
+		"platform-report": platformReport,
 	}
 	cmd, ok := commands[os.Args[1]]
 	if !ok {

@@ -63,10 +63,13 @@ type Store struct {
 	held atomic.Pointer[error]
 	// wm is the archive's position against the cluster's watermark (watermark.go).
 	wm watermarkState
+	// changes counts holds, releases and behind-state changes (Changes).
+	changes atomic.Uint64
 }
 
 // Hold keeps the archive unavailable with reason (nil releases it).
 func (s *Store) Hold(reason error) {
+	s.changes.Add(1)
 	if reason == nil {
 		s.held.Store(nil)
 		return

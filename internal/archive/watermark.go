@@ -91,8 +91,15 @@ func (s *Store) Watermark() Mark {
 func (s *Store) SetBehind(why string) {
 	s.wm.mu.Lock()
 	defer s.wm.mu.Unlock()
+	if s.wm.behind != why {
+		s.changes.Add(1)
+	}
 	s.wm.behind = why
 }
+
+// Changes counts the times the archive was held, released, or found behind or no
+// longer behind: what was read from it before a change may not hold after it.
+func (s *Store) Changes() uint64 { return s.changes.Load() }
 
 // Behind says why the archive is behind the cluster: it lacks a row the cluster read
 // back from it ("" when it is not known to be). In that state "the archive holds no
@@ -193,6 +200,21 @@ type Position struct {
 	// LatestArchivedAt when it was archived: about where a restored archive ends.
 	Latest           Mark
 	LatestArchivedAt time.Time
+}
+
+// InsertCounter is the archive's insert counter: it only grows, so a value below one
+// read before means the archive was restored to an earlier point.
+func (s *Store) InsertCounter(ctx context.Context) (int64, error) {
+	if err := s.ready(); err != nil {
+		return 0, err
+	}
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	var n int64
+	if err := s.pool.QueryRow(ctx, `SELECT archive_insert_counter()`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("read the archive's insert counter: %w", err)
+	}
+	return n, nil
 }
 
 // ArchivePosition reads the insert counter and the latest row by seq (one index read

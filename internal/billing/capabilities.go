@@ -50,6 +50,12 @@ type Capabilities struct {
 	// request. Where it is true, a resend inside the window replaces a lookup the
 	// provider could not answer.
 	ResendIsProof bool
+	// NoDeduplication: the provider does not deduplicate at all — a resend under the
+	// same key is counted again as new usage (OpenMeter without deduplication). The key
+	// window is zero whatever Window and spec.idempotencyWindow say: nothing is ever
+	// sent again after an attempt that may have reached the provider, and only a
+	// lookup that finds the record resolves it (docs/design.md §14).
+	NoDeduplication bool
 }
 
 // Capable is a Client that says what its provider can answer for each request.

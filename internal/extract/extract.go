@@ -91,6 +91,11 @@ type Extractor struct {
 	storeUnrouted bool
 	states        States
 	routes        map[string]route
+	// spec is the provider spec this was compiled from: held facts are extracted by
+	// the same spec with the unmapped states added (heldFacts).
+	spec *hooksv1alpha1.WebhookProviderSpec
+	// held keeps the extractors heldFacts compiles.
+	held *heldCache
 }
 
 // route is a compiled Route: its condition (nil: always) and its operations.
@@ -152,6 +157,8 @@ func Compile(namespace, providerName string, spec *hooksv1alpha1.WebhookProvider
 		sequence:      c.optional("spec.sequence", spec.Sequence),
 		storeUnrouted: spec.StoreUnroutedEvents,
 		routes:        map[string]route{},
+		spec:          spec.DeepCopy(),
+		held:          &heldCache{},
 	}
 	for i, p := range spec.EventID.DerivedFrom {
 		x.derivedFrom = append(x.derivedFrom, c.required(fmt.Sprintf("spec.eventID.derivedFrom[%d]", i), p))
@@ -317,6 +324,10 @@ type Event struct {
 	// UnmappedJobStates are the job completions whose state the provider does not map;
 	// nothing is created for them (docs/design.md §5, "Job states").
 	UnmappedJobStates []hooksv1alpha1.UnmappedJobState
+	// HeldFacts are, with UnmappedJobStates, what the route yields if those states
+	// meant Succeeded, Failed or Cancelled, beyond JobCompletions and Settlements: a
+	// replay dispatches them once spec.states maps the states (heldFacts).
+	HeldFacts []hooksv1alpha1.HeldFacts
 
 	// routeErr is the route's `when` failing to evaluate. Identify keeps it for Facts
 	// rather than returning it, so that the receiver answers a redelivery of a stored
@@ -488,6 +499,7 @@ func (x *Extractor) Facts(ev *Event, doc any) error {
 	}
 	if ev.routeUnmapped != nil {
 		ev.UnmappedJobStates = append(ev.UnmappedJobStates, hooksv1alpha1.UnmappedJobState{State: ev.routeUnmapped.State})
+		ev.HeldFacts = x.heldFacts(ev, doc)
 		return nil
 	}
 	// skipped are the jobs this event reports in an Ignored or unmapped state: nothing
@@ -575,6 +587,7 @@ func (x *Extractor) Facts(ev *Event, doc any) error {
 	if n := len(ev.Settlements); n > MaxFactsPerEvent {
 		return invalid("the event yields %d settlements; at most %d per event", n, MaxFactsPerEvent)
 	}
+	ev.HeldFacts = x.heldFacts(ev, doc)
 	return nil
 }
 

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net"
 	"net/http"
 	"net/netip"
@@ -31,6 +30,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/cloudevents"
 	"github.com/settlement-operator/settlement-operator/internal/extract"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/payload"
@@ -382,7 +382,7 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	if req.Method != http.MethodPost {
 		return answer{code: http.StatusMethodNotAllowed, outcome: OutcomeMethodNotAllowed, message: "only POST is accepted"}
 	}
-	if batch := isCloudEventsBatch(req.Header.Get("Content-Type")); batch || !isJSON(req.Header.Get("Content-Type")) {
+	if batch := cloudevents.IsBatch(req.Header.Get("Content-Type")); batch || !isJSON(req.Header.Get("Content-Type")) {
 		a := answer{code: http.StatusUnsupportedMediaType, outcome: OutcomeUnsupportedType,
 			message: "Content-Type must be application/json", rejected: rejectMediaType}
 		if batch {
@@ -487,12 +487,12 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 
 	// 7. Parse, identify, route. A CloudEvent is identified by its attributes, and
 	// its data is the payload (stored, hashed and read by routes) in either mode.
-	var ce *cloudEvent
+	var ce *cloudevents.Event
 	if c.cloudEvents {
-		if ce, err = readCloudEvent(req.Header, body); err != nil {
+		if ce, err = cloudevents.Read(req.Header, body); err != nil {
 			return answer{code: http.StatusBadRequest, outcome: OutcomeBadRequest, message: err.Error(), rejected: rejectCloudEvent}
 		}
-		body = ce.data
+		body = ce.Data
 	}
 	doc, err := payload.Decode(body)
 	if err != nil {
@@ -501,7 +501,7 @@ func (r *Receiver) handle(req *http.Request, ns, name string, d *delivery) answe
 	}
 	var ev *extract.Event
 	if ce != nil {
-		ev, err = c.x.IdentifyAs(ce.eventID(), ce.eventType, body, doc)
+		ev, err = c.x.IdentifyAs(ce.Identity(), ce.Type, body, doc)
 	} else {
 		ev, err = c.x.Identify(req.Header, body, doc)
 	}
@@ -751,7 +751,7 @@ func (r *Receiver) newEvent(ns, name string, p *hooksv1alpha1.WebhookProvider, e
 			Provider: p.Name, EventID: ev.ID, EventType: ev.Type, Sequence: ev.Sequence,
 			PayloadHash: ev.PayloadHash, ReceivedAt: metav1.NewTime(r.opts.Now().UTC()),
 			JobCompletions: ev.JobCompletions, Settlements: ev.Settlements,
-			UnmappedJobStates: ev.UnmappedJobStates,
+			UnmappedJobStates: ev.UnmappedJobStates, HeldFacts: ev.HeldFacts,
 		},
 	}
 	if raw := p.Spec.RawPayload; raw != nil && raw.Enabled {
@@ -791,13 +791,7 @@ func (r *Receiver) compiledFor(p *hooksv1alpha1.WebhookProvider) (compiled, erro
 	return c, nil
 }
 
-func isJSON(contentType string) bool {
-	mt, _, err := mime.ParseMediaType(contentType)
-	if err != nil {
-		return false
-	}
-	return mt == "application/json" || (strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
-}
+func isJSON(contentType string) bool { return cloudevents.IsJSON(contentType) }
 
 // invalidMessage lists the API server's field causes, which name fields, not secrets.
 func invalidMessage(err error) string {

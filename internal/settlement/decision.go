@@ -213,6 +213,11 @@ func Decide(in Input) Decision {
 	if d.State == "" {
 		d.State = hooksv1alpha1.SettlementPending
 	}
+	if in.Caps.NoDeduplication {
+		// A provider that does not deduplicate counts a resend as new usage: no key
+		// window, whatever the policy was built with (docs/design.md §14).
+		in.Policy.KeyWindow = 0
+	}
 	if in.Obs.Kind == ObsNone {
 		return nextStep(in, d)
 	}
@@ -306,6 +311,13 @@ func afterCall(in Input, d Decision) Decision {
 			d.Disagreement = &hooksv1alpha1.ProviderDisagreement{Reason: hooksv1alpha1.ReasonMismatchWithProvider,
 				Field: "record"}
 			return d
+		}
+		if in.Caps.NoDeduplication && d.Exposure == hooksv1alpha1.ExposurePossible {
+			// A listing that does not show the request proves nothing (the provider
+			// ingests asynchronously), and a resend would be counted again: it is
+			// decided as a lookup the provider cannot answer.
+			d.Failures = 0
+			return unanswerable(in, d)
 		}
 		d.Failures, d.ClearDisagreement = 0, true
 		if st.LastSubmission == hooksv1alpha1.SubmissionMaybeReceived && st.LastAttemptAt != nil {
@@ -456,7 +468,10 @@ func resendIsTheLookup(in Input) bool {
 // Otherwise nothing proves either way and nothing is sent: a human compares with the
 // provider, as the adapter's message says. A submission answered this way (Stripe's
 // 404 for a resent delete) is not resent either: the provider does not replay it.
-// (Nothing possibly moved: a failed lookup changes nothing.)
+// (Nothing possibly moved: a failed lookup changes nothing.) A provider that does not
+// deduplicate (caps.NoDeduplication) has no window: within the settle time of an
+// attempt that may still be ingested it is asked again after it, and then a human
+// looks (ReasonNotDeduplicated); a lookup that later finds the record adopts it.
 func unanswerable(in Input, d Decision) Decision {
 	st := in.Status
 	if in.Obs.Submit {
@@ -471,6 +486,16 @@ func unanswerable(in Input, d Decision) Decision {
 		// Final already (a reconcile request asked): it stays what it is, and why.
 		d.Action = ActDone
 		return d
+	}
+	if in.Caps.NoDeduplication && !in.Obs.Submit && st.LastSubmission == hooksv1alpha1.SubmissionMaybeReceived && st.LastAttemptAt != nil {
+		if until := st.LastAttemptAt.Add(settleAfter(in.Policy)); in.Now.Before(until) {
+			// The last attempt may not be listed yet (ingestion is asynchronous): it is
+			// listed again after the settle time, and never resent.
+			d.Action, d.Wait, d.Reason, d.Failures = ActWait, until.Sub(in.Now), hooksv1alpha1.ReasonOutcomeUnknown, 0
+			d.Message = "the provider does not list the last attempt yet, and does not deduplicate a resend: " +
+				"listing again after the settle time; nothing is sent again"
+			return d
+		}
 	}
 	spent, why := budgetSpent(st, in.Policy, in.Now)
 	first := st.FirstSubmittedAt
@@ -495,6 +520,14 @@ func unanswerable(in Input, d Decision) Decision {
 	d.Action, d.State, d.Failures = ActDone, hooksv1alpha1.SettlementRequiresReconciliation, 0
 	d.Reason = hooksv1alpha1.ReasonProviderCannotAnswer
 	switch {
+	case in.Caps.NoDeduplication && !in.Obs.Submit:
+		d.Reason = hooksv1alpha1.ReasonNotDeduplicated
+		d.Message = "an attempt may have reached the provider, its listing does not show it (which proves nothing: it ingests " +
+			"asynchronously), and it does not deduplicate, so a resend would bill the usage again: the operator never sends it " +
+			"again; a reconcile request adopts it once it is listed: "
+		if in.Obs.Message == "" {
+			d.Message += "look for the event under this settlement's idempotency key at the provider"
+		}
 	case refused:
 		// Its last submission was refused (a cancellation past the provider's window),
 		// and an earlier record under the key may have carried it out: a human looks.

@@ -46,13 +46,16 @@ var (
 	// allCaps are the providers' shapes (docs/design.md §14): the HTTP contract (lookup
 	// by key), Stripe's invoice items (listing; a resend inside 24 h is replayed), its
 	// meter events (no lookup; a resend is the answer) and its meter-event
-	// cancellations (no lookup; a resend proves nothing).
+	// cancellations (no lookup; a resend proves nothing), and a provider that does not
+	// deduplicate at all (OpenMeter without deduplication: listing; a resend is new usage).
 	allCaps = []billing.Capabilities{
 		{Lookup: billing.LookupByKey},
 		{Lookup: billing.LookupByListing, Window: 24 * time.Hour, ResendIsProof: true},
 		{Lookup: billing.LookupNone, Window: 24 * time.Hour, ResendIsProof: true},
 		{Lookup: billing.LookupNone, Window: 24 * time.Hour},
+		noDedup,
 	}
+	noDedup     = billing.Capabilities{Lookup: billing.LookupByListing, NoDeduplication: true}
 	allObs      = []ObservationKind{ObsNone, ObsRecord, ObsNotFound, ObsTransient, ObsAmbiguous, ObsTerminal, ObsKeyReused, ObsInFlight, ObsUnanswerable}
 	recStatuses = []string{billing.StatusPending, billing.StatusSettled, billing.StatusFailed}
 )
@@ -230,6 +233,15 @@ func checkInvariants(t *testing.T, name string, in Input, d Decision) {
 	if in.Obs.Submit && in.Obs.PriorLastSubmission == hooksv1alpha1.SubmissionMaybeReceived && d.DeadLetter {
 		t.Errorf("%s: dead-lettered while an earlier attempt may still be processed", name)
 	}
+	if in.Caps.NoDeduplication && d.Action == ActSubmit && (exp != none || d.Exposure != none) &&
+		!(in.Obs.Kind == ObsUnanswerable && !in.Obs.Submit && in.Status.FirstSubmittedAt == nil && (in.NeverPresented || in.Obs.RepeatHarmless)) {
+		// Without deduplication a resend is new usage: only the facts (nothing ever
+		// presented the key) or a harmless repeat may send with money possibly there.
+		t.Errorf("%s: resends to a provider that does not deduplicate while an attempt may have reached it", name)
+	}
+	if in.Caps.NoDeduplication && in.Obs.Kind == ObsNotFound && exp == possible && d.Exposure == none {
+		t.Errorf("%s: a listing that does not show the request lowered exposure at a provider that does not deduplicate", name)
+	}
 	if d.Action == ActSubmit && in.Deleting {
 		t.Errorf("%s: submits while deleting", name)
 	}
@@ -269,6 +281,8 @@ type decisionRow struct {
 	exp    E
 	wait   time.Duration
 	dl     bool
+	// reason, when set, is the Ready reason expected.
+	reason string
 }
 
 // TestDecisionTable pins the step for the pairs that matter, one row each.
@@ -493,6 +507,59 @@ func TestDecisionTable(t *testing.T) {
 			in:     unanswerable(false),
 			action: ActContinue, state: pending, exp: none},
 	}...)
+	notListed := func(in *Input) {
+		in.Caps = noDedup
+		in.Obs = Observation{Kind: ObsUnanswerable, PriorExposure: possible, Message: "not listed"}
+	}
+	maybeAt := func(ago time.Duration) hooksv1alpha1.BillingSettlementStatus {
+		return hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: possible, Attempts: 1, FirstSubmittedAt: at(-ago),
+			LastAttemptAt: at(-ago), LastSubmission: hooksv1alpha1.SubmissionMaybeReceived}
+	}
+	rows = append(rows, []decisionRow{
+		{name: "no deduplication: money may be there, so it is listed, never resent",
+			st: maybeAt(time.Minute), in: func(in *Input) { in.Caps = noDedup },
+			action: ActLookup, state: submitted, exp: possible},
+		{name: "no deduplication: not listed within the settle time: listed again after it, never resent",
+			st: maybeAt(5 * time.Second), in: notListed,
+			action: ActWait, state: submitted, exp: possible, wait: 25 * time.Second, reason: hooksv1alpha1.ReasonOutcomeUnknown},
+		{name: "no deduplication: not listed after the settle time: RequiresReconciliation, never resent",
+			st: maybeAt(10 * time.Minute), in: notListed,
+			action: ActDone, state: rr, exp: possible, reason: hooksv1alpha1.ReasonNotDeduplicated},
+		{name: "no deduplication: a listing's not-found is no proof of absence",
+			st: maybeAt(10 * time.Minute), in: func(in *Input) { in.Caps = noDedup; in.Obs = Observation{Kind: ObsNotFound} },
+			action: ActDone, state: rr, exp: possible, reason: hooksv1alpha1.ReasonNotDeduplicated},
+		{name: "no deduplication: a listing's not-found within the settle time waits, never resends",
+			st: maybeAt(5 * time.Second), in: func(in *Input) { in.Caps = noDedup; in.Obs = Observation{Kind: ObsNotFound} },
+			action: ActWait, state: submitted, exp: possible, wait: 25 * time.Second},
+		{name: "no deduplication: listed and matching: adopted",
+			st: maybeAt(10 * time.Minute), in: func(in *Input) {
+				in.Caps = noDedup
+				in.Obs = Observation{Kind: ObsRecord, Status: billing.StatusSettled}
+			},
+			action: ActContinue, state: settled, exp: confirmed},
+		{name: "no deduplication: a reconcile request that finds it listed adopts it out of RequiresReconciliation",
+			st: func() hooksv1alpha1.BillingSettlementStatus { st := maybeAt(time.Hour); st.State = rr; return st }(),
+			in: func(in *Input) {
+				in.Caps, in.ForceLookup = noDedup, true
+				in.Obs = Observation{Kind: ObsRecord, Status: billing.StatusSettled}
+			},
+			action: ActContinue, state: settled, exp: confirmed},
+		{name: "no deduplication: nothing was there (a 429 before): the lookup's not-listed leaves it to be sent",
+			st: hooksv1alpha1.BillingSettlementStatus{State: submitted, Exposure: none, Attempts: 1, FirstSubmittedAt: at(-time.Minute),
+				LastAttemptAt: at(-time.Minute), LastSubmission: hooksv1alpha1.SubmissionNotReceived},
+			in: notListed, action: ActContinue, state: submitted, exp: none},
+		{name: "no deduplication: the facts say the key was never presented: sent",
+			st:     hooksv1alpha1.BillingSettlementStatus{State: pending, Exposure: possible},
+			in:     func(in *Input) { notListed(in); in.NeverPresented = true },
+			action: ActSubmit, state: pending, exp: possible},
+		{name: "deduplication for an hour: not listed inside it: the resend under the same id is the answer",
+			st: maybeAt(10 * time.Minute), in: func(in *Input) {
+				notListed(in)
+				in.Caps = billing.Capabilities{Lookup: billing.LookupByListing, Window: time.Hour, ResendIsProof: true}
+				in.Policy.KeyWindow = time.Hour
+			},
+			action: ActSubmit, state: submitted, exp: possible},
+	}...)
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
 			st := row.st
@@ -507,6 +574,9 @@ func TestDecisionTable(t *testing.T) {
 			}
 			if row.wait != 0 && d.Wait != row.wait {
 				t.Fatalf("wait %s, want %s", d.Wait, row.wait)
+			}
+			if row.reason != "" && d.Reason != row.reason {
+				t.Fatalf("reason %s, want %s (%s)", d.Reason, row.reason, d.Message)
 			}
 			checkInvariants(t, row.name, in, d)
 		})
@@ -550,6 +620,8 @@ func TestPolicyOfDefaultsTheBudgetToTheKeyWindow(t *testing.T) {
 			24*time.Hour - time.Minute - 20*time.Second, 0},
 		{"a 1h spec window", bp(time.Hour, nil), stripe, time.Hour, time.Hour - time.Minute - 20*time.Second, 0},
 		{"a window shorter than its margins", bp(time.Minute, nil), billing.Capabilities{}, time.Minute, time.Minute, 0},
+		{"no deduplication: no key window, the spec's window still sets the budget", bp(24*time.Hour, nil),
+			billing.Capabilities{Lookup: billing.LookupByListing, NoDeduplication: true}, 0, 24*time.Hour - time.Minute - 20*time.Second, 0},
 		{"set in the spec", bp(24*time.Hour, &hooksv1alpha1.RetryPolicy{MaxAttempts: 7, MaxElapsed: &metav1.Duration{Duration: 2 * time.Hour}}),
 			stripe, 24 * time.Hour, 2 * time.Hour, 7},
 	} {

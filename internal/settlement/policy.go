@@ -19,7 +19,8 @@ type RetryPolicy struct {
 
 // PolicyOf is bp's retry policy for a request its provider answers as caps says. The
 // key window is the shorter of spec.idempotencyWindow and the provider's own
-// (caps.Window). Unless spec.retry sets them, the retry budget lasts as long as a
+// (caps.Window), and zero for a provider that does not deduplicate
+// (caps.NoDeduplication). Unless spec.retry sets them, the retry budget lasts as long as a
 // resend under the key is safe — the key window less what resendableUntil keeps clear
 // of its end — with no cap on attempts: a short outage never becomes manual work while
 // the provider would still deduplicate the resend.
@@ -31,6 +32,13 @@ func PolicyOf(bp *hooksv1alpha1.BillingProvider, caps billing.Capabilities) Retr
 		p.KeyWindow = caps.Window
 	}
 	p.MaxElapsed = max(p.KeyWindow-resendMargin-2*p.RequestTimeout, minMaxElapsed)
+	if caps.NoDeduplication {
+		// Nothing is deduplicated, so no resend is ever safe after an attempt that may
+		// have reached the provider: the key window is zero. The budget still bounds
+		// resends of attempts that provably did not (429, refused connections), which
+		// are safe whatever the provider deduplicates: spec.idempotencyWindow sets it.
+		p.KeyWindow = 0
+	}
 	if rp := bp.Spec.Retry; rp != nil {
 		if rp.MaxAttempts > 0 {
 			p.MaxAttempts = rp.MaxAttempts

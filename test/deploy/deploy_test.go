@@ -392,7 +392,7 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		Expect(lease.Spec.HolderIdentity).To(Or(BeNil(), HaveValue(BeEmpty())), "the leader released its Lease on shutdown")
 	})
 
-	It("lets the settlement-replayer role replay a settlement (the manager resumes it), and nothing else", func() {
+	It("lets the settlement-replayer role replay a settlement (the manager resumes it) or an event, and nothing else", func() {
 		const ns, user, adminUser = "finance", "oncall@example.com", "tenant-admin@example.com"
 		role := find("ClusterRole", "settlement-operator-settlement-replayer")
 		Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
@@ -458,7 +458,7 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		for _, denied := range [][]string{
 			{"create", "billingsettlements"}, {"delete", "billingsettlements"},
 			{"patch", "billingsettlements", "--subresource=status"},
-			{"get", "secrets"}, {"patch", "webhookevents"}, {"create", "webhookevents"}, {"patch", "jobcompletions"},
+			{"get", "secrets"}, {"create", "webhookevents"}, {"delete", "webhookevents"}, {"patch", "jobcompletions"},
 		} {
 			out, _, err := kubectlE(oncall, append([]string{"auth", "can-i", "-n", ns}, denied...)...)
 			Expect(err).To(HaveOccurred(), strings.Join(denied, " "))
@@ -527,6 +527,20 @@ var _ = Describe("the installer (make build-installer: dist/install.yaml)", Orde
 		kubectl(managerKubeconfig(), "create", "-n", ns, "-f", evSample)
 		ev := decodeAll(string(must(os.ReadFile(evSample))))[0].GetName()
 		refused(nsAdmin, whyDelete, "delete", "-n", ns, "webhookevent", ev)
+		// An event is replayed (its unmapped job states read again) by the same role and
+		// annotation as a settlement, and the manager records it; deleting it to have the
+		// sender redeliver is refused above, to the replayer by RBAC too.
+		kubectl(oncall, "annotate", "-n", ns, "webhookevent", ev, hooksv1alpha1.AnnotationReplay+"=mapped-1")
+		Eventually(func() *hooksv1alpha1.EventReplayStatus {
+			var we hooksv1alpha1.WebhookEvent
+			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: ev}, &we)).To(Succeed())
+			return we.Status.Replay
+		}).Should(HaveValue(SatisfyAll(HaveField("LastToken", "mapped-1"), HaveField("Count", int32(1)))),
+			"the manager acts on the replayer's annotation")
+		_, stderr, err = kubectlE(oncall, "delete", "-n", ns, "webhookevent", ev)
+		Expect(err).To(HaveOccurred())
+		Expect(stderr).To(ContainSubstring(`cannot delete resource "webhookevents"`))
+		refused(oncall, whyMetadata, "annotate", "-n", ns, "webhookevent", ev, "example.com/note=x")
 		refused(nsAdmin, whyStatus, "patch", "-n", ns, "webhookevent", ev, "--subresource=status", "--type=merge",
 			"-p", `{"status":{"phase":"Ignored"}}`)
 		refused(nsAdmin, whyFinalizer, "patch", "-n", ns, "webhookevent", ev, "--type=merge",

@@ -37,6 +37,9 @@ type Factory func(Settings) (billing.Client, error)
 type adapter struct {
 	build Factory
 	caps  func(billing.Request) billing.Capabilities
+	// capsOf, when set, is caps for a type whose capabilities follow from its spec
+	// (OpenMeter's deduplication).
+	capsOf func(*hooksv1alpha1.BillingProvider, billing.Request) billing.Capabilities
 }
 
 // registry holds every provider type the operator serves; the CRD's enum of
@@ -46,6 +49,7 @@ var registry = map[hooksv1alpha1.BillingProviderType]adapter{
 	hooksv1alpha1.BillingProviderStripe:    {build: newStripe, caps: stripebilling.RequestCapabilities},
 	hooksv1alpha1.BillingProviderLago:      {build: newLago, caps: lagobilling.RequestCapabilities},
 	hooksv1alpha1.BillingProviderMetronome: {build: newMetronome, caps: metronomebilling.RequestCapabilities},
+	hooksv1alpha1.BillingProviderOpenMeter: {build: newOpenMeter, capsOf: openMeterCapabilities},
 }
 
 // New builds the adapter of s.Provider's type ("" is HTTP, the CRD's default).
@@ -98,7 +102,9 @@ func Capabilities(bp *hooksv1alpha1.BillingProvider, r billing.Request) billing.
 	if t == "" {
 		t = hooksv1alpha1.BillingProviderHTTP
 	}
-	if a, ok := registry[t]; ok {
+	if a, ok := registry[t]; ok && a.capsOf != nil {
+		return a.capsOf(bp, r)
+	} else if ok {
 		return a.caps(r)
 	}
 	return billing.ContractCapabilities(r)

@@ -6,7 +6,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
@@ -110,6 +112,8 @@ func TestCapabilitiesBeforeAClientAreTheClients(t *testing.T) {
 		{Provider: &hooksv1alpha1.BillingProvider{Spec: hooksv1alpha1.BillingProviderSpec{Endpoint: "https://billing.example.com/v1"}}, Token: "t"},
 		{Provider: &hooksv1alpha1.BillingProvider{Spec: hooksv1alpha1.BillingProviderSpec{Type: hooksv1alpha1.BillingProviderStripe,
 			Endpoint: "https://api.stripe.com"}}, Token: "sk_test_x"},
+		{Provider: openMeterProvider(0), Token: "om"},
+		{Provider: openMeterProvider(time.Hour), Token: "om"},
 	} {
 		c, err := New(s)
 		if err != nil {
@@ -120,5 +124,39 @@ func TestCapabilitiesBeforeAClientAreTheClients(t *testing.T) {
 				t.Errorf("type %q, %s of %s: before a client %+v, the client %+v", s.Provider.Spec.Type, r.Type, r.ReversesRef, before, after)
 			}
 		}
+	}
+}
+
+// openMeterProvider is an OpenMeter provider whose install deduplicates for dedup (0:
+// it does not).
+func openMeterProvider(dedup time.Duration) *hooksv1alpha1.BillingProvider {
+	bp := &hooksv1alpha1.BillingProvider{Spec: hooksv1alpha1.BillingProviderSpec{Type: hooksv1alpha1.BillingProviderOpenMeter,
+		Endpoint: hooksv1alpha1.OpenMeterCloudEndpoint, OpenMeter: &hooksv1alpha1.OpenMeterSettings{
+			Meters: []hooksv1alpha1.OpenMeterMeter{{Meter: "tokens", EventType: "prompt.tokens"}}}}}
+	if dedup > 0 {
+		bp.Spec.OpenMeter.Deduplication = &hooksv1alpha1.OpenMeterDeduplication{Window: metav1.Duration{Duration: dedup}}
+	}
+	return bp
+}
+
+// TestOpenMeterDeclaresItsDeduplication: without spec.openMeter.deduplication the
+// adapter declares that OpenMeter does not deduplicate; with it, the window and a
+// resend as proof. Either way a record is found only by listing.
+func TestOpenMeterDeclaresItsDeduplication(t *testing.T) {
+	r := billing.Request{Type: billing.TypeCharge, Usage: &billing.Usage{Meter: "tokens", Quantity: "1"}, KeyNamespaced: true}
+	if got := Capabilities(openMeterProvider(0), r); got != (billing.Capabilities{Lookup: billing.LookupByListing, NoDeduplication: true}) {
+		t.Errorf("no deduplication: %+v", got)
+	}
+	if got := Capabilities(openMeterProvider(time.Hour), r); got != (billing.Capabilities{Lookup: billing.LookupByListing, Window: time.Hour, ResendIsProof: true}) {
+		t.Errorf("an hour of deduplication: %+v", got)
+	}
+	r.KeyNamespaced = false
+	if got := Capabilities(openMeterProvider(time.Hour), r); got.ResendIsProof {
+		t.Errorf("a legacy key's dropped resend proves only that some event holds the id: %+v", got)
+	}
+	bp := openMeterProvider(0)
+	bp.Spec.OpenMeter = nil
+	if _, err := New(Settings{Provider: bp}); err == nil || !strings.Contains(err.Error(), "spec.openMeter") {
+		t.Errorf("no settings: %v", err)
 	}
 }

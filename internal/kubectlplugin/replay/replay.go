@@ -1,6 +1,7 @@
 // Package replay is `kubectl settlement replay`: it replays a dead-lettered (Failed)
-// or RequiresReconciliation settlement by setting its replay annotation, and nothing
-// else, after checking that the controller would act on the replay. The controller
+// or RequiresReconciliation settlement, or (`replay event`) a WebhookEvent whose job
+// states were unmapped, by setting its replay annotation, and nothing else, after
+// checking that the controller would act on the replay. The controller
 // does the rest, with the same idempotency key, so a replay never charges twice.
 package replay
 
@@ -33,6 +34,8 @@ archived duplicate is not annotated: the controller would ignore the replay.
 
 Usage:
   kubectl settlement replay <settlement-name|settlement-key|idempotency-key> [-n NS] [--provider NAME]
+  kubectl settlement replay event <event-name|event-id> [-n NS] [--provider NAME]
+    (an event whose job states were unmapped: see 'kubectl settlement replay event --help')
 ` + kube.Help + `
 Examples:
   kubectl settlement replay inference-stl-6f1c0d9e8b7a6f5e4d3c2b1a0f9e8d7c -n tenant-a
@@ -79,6 +82,9 @@ func stateHint(st hooksv1alpha1.SettlementState) string {
 // settlement, refuses one the controller would not replay, and patches the annotation
 // guarded by the resourceVersion it checked.
 func Run(ctx context.Context, c cmdline.Env, args []string) error {
+	if len(args) > 0 && args[0] == "event" {
+		return runEvent(ctx, c, args[1:])
+	}
 	const cmd = "replay"
 	cf, ref, ns, cl, err := kube.Start(c.Getenv, cmd, args, false, replayHelp,
 		"the settlement to replay: its name, settlement key or idempotency key")

@@ -1,0 +1,69 @@
+package billingprovider
+
+import (
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/billing"
+)
+
+// TestArchivedMemoryForgetsWhatAChangedArchiveMayNotHold: a record remembered as
+// compared clean with its archived settlement is compared again once the archive may no
+// longer hold that settlement — found behind and confirmed by a person between two passes
+// (no pass saw it behind), restored to an earlier point the watermark did not catch (its
+// insert counter went back), or held — and a deleted provider's records are dropped.
+func TestArchivedMemoryForgetsWhatAChangedArchiveMayNotHold(t *testing.T) {
+	const uid, gen = types.UID("bp-1"), int64(3)
+	now := time.Date(2026, 12, 6, 8, 0, 0, 0, time.UTC)
+	rec := billing.Record{ID: "st_1", Status: billing.StatusSettled, IdempotencyKey: "k1", SettlementKey: "ns/p/1"}
+	store := &archive.Store{}
+	var m archivedMemory
+	pass := func(counter int64) { m.sameArchive(archiveState{changes: store.Changes(), counter: counter}) }
+
+	pass(100)
+	m.remember(uid, gen, rec, now)
+	pass(101)
+	if !m.clean(uid, gen, rec, now) {
+		t.Fatal("a record compared clean, with nothing changed since, must not be read back again")
+	}
+	changed := rec
+	changed.Status = billing.StatusPending
+	if m.clean(uid, gen, changed, now) || m.clean(uid, gen+1, rec, now) {
+		t.Fatal("a changed record, or a changed spec, must be compared again")
+	}
+
+	store.SetBehind("a row the cluster read back is missing")
+	store.SetBehind("") // a person confirmed the restore before the next pass
+	pass(101)
+	if m.clean(uid, gen, rec, now) {
+		t.Fatal("after the archive was found behind, a record must be compared again, even if no pass saw it behind")
+	}
+
+	m.remember(uid, gen, rec, now)
+	pass(90) // restored to an earlier point
+	if m.clean(uid, gen, rec, now) {
+		t.Fatal("after the insert counter went back, a record must be compared again")
+	}
+
+	m.remember(uid, gen, rec, now)
+	store.Hold(nil)
+	pass(90)
+	if m.clean(uid, gen, rec, now) {
+		t.Fatal("after the archive was held or released, a record must be compared again")
+	}
+
+	m.remember(uid, gen, rec, now)
+	m.drop(uid)
+	if m.clean(uid, gen, rec, now) || len(m.byProvider) != 0 {
+		t.Fatal("a deleted provider's records must be dropped")
+	}
+
+	m.remember(uid, gen, rec, now)
+	m.prune(uid, now.Add(time.Second))
+	if m.clean(uid, gen, rec, now) {
+		t.Fatal("a record no pass listed since the cut-off must be forgotten")
+	}
+}
