@@ -12,6 +12,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/test/fakebilling"
 	"github.com/settlement-operator/settlement-operator/test/fakelago"
 	"github.com/settlement-operator/settlement-operator/test/fakemetronome"
+	"github.com/settlement-operator/settlement-operator/test/fakeopenmeter"
 	"github.com/settlement-operator/settlement-operator/test/fakestripe"
 )
 
@@ -27,6 +28,8 @@ var fixtures = []fixture{
 		adaptercontract.KnownGap("many charges", metronomeNoListing),
 		adaptercontract.KnownGap("past the key window", "the fake's 34-day window cannot pass without the adapter's clock, which the registry does not let a test move"),
 	}},
+	{"openmeter", started(fakeopenmeter.Start, fakeopenmeter.Options{Token: fakeopenmeter.Token}), openmeterGaps},
+	{"openmeter-dedup", started(fakeopenmeter.Start, fakeopenmeter.Options{Token: fakeopenmeter.Token, Deduplication: 24 * time.Hour}), openmeterGaps},
 }
 
 // started adapts a fake whose Start returns the fixture itself to the list.
@@ -45,6 +48,13 @@ func started[F adaptercontract.Fixture, O any](start func(O) (F, error), opts O)
 // metronomeNoListing: the Metronome adapter's List answers nothing, and it totals no
 // usage instead (billing.UsageTotaler): reconciliation cannot read a charge back.
 const metronomeNoListing = "List returns no records (Metronome's events search finds events by transaction ID only) and the adapter totals no usage instead"
+
+// openmeterGaps: the OpenMeter adapter pages its listing by time, the next page ending
+// at ("to", inclusive) the oldest event of the last: that event is listed twice.
+var openmeterGaps = []adaptercontract.Option{
+	adaptercontract.KnownGap("many charges", "List's next page ends at the previous page's oldest event time, inclusive, so that event is listed twice (charge 31 of 130)"),
+	adaptercontract.KnownGap("the client does not show the credential", "%#v prints the client's fields, the token among them"),
+}
 
 type fixture struct {
 	name string
