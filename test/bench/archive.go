@@ -868,8 +868,13 @@ func (s *sampler) take(ctx context.Context, label string) (ArchiveSample, error)
 		return sm, err
 	}
 	if body, err := get(ctx, http.DefaultClient, s.op.MetricsURL); err == nil {
-		ms := parseSamples(body, func(n string) bool { return strings.HasPrefix(n, "go_memstats_heap_") })
+		ms := parseSamples(body, func(n string) bool {
+			return strings.HasPrefix(n, "go_memstats_") || n == "go_goroutines"
+		})
 		sm.HeapInuseBytes = int64(sum(ms, "go_memstats_heap_inuse_bytes", nil))
+		sm.StackInuseBytes = int64(sum(ms, "go_memstats_stack_inuse_bytes", nil))
+		sm.HeapIdleBytes = int64(sum(ms, "go_memstats_heap_idle_bytes", nil) - sum(ms, "go_memstats_heap_released_bytes", nil))
+		sm.Goroutines = int(sum(ms, "go_goroutines", nil))
 	}
 	before, after, compact, defrag, err := s.b.probe.compactDefrag(ctx)
 	if err != nil {
@@ -1092,6 +1097,9 @@ func (a *ArchivePhase) summarize(ds []*arcDelivery, n int) {
 	a.Slopes = ArchiveSlopes{
 		RSSBytes:             slope(func(s ArchiveSample) float64 { return float64(s.RSSBytes) }),
 		HeapInuseBytes:       slope(func(s ArchiveSample) float64 { return float64(s.HeapInuseBytes) }),
+		StackInuseBytes:      slope(func(s ArchiveSample) float64 { return float64(s.StackInuseBytes) }),
+		HeapIdleBytes:        slope(func(s ArchiveSample) float64 { return float64(s.HeapIdleBytes) }),
+		Goroutines:           slope(func(s ArchiveSample) float64 { return float64(s.Goroutines) }),
 		EtcdCompactedBytes:   slope(func(s ArchiveSample) float64 { return float64(s.EtcdCompactedBytes) }),
 		EtcdRawInUseBytes:    slope(func(s ArchiveSample) float64 { return float64(s.EtcdRawInUseBytes) }),
 		EtcdRecordBytes:      slope(func(s ArchiveSample) float64 { return float64(s.LiveRecordBytes) }),

@@ -427,6 +427,11 @@ type ArchiveSample struct {
 	RSSBytes       int64 `json:"rssBytes"`
 	PeakRSSBytes   int64 `json:"peakRSSBytes"`
 	HeapInuseBytes int64 `json:"heapInuseBytes"`
+	// StackInuseBytes, HeapIdleBytes (idle spans not yet returned to the OS) and
+	// Goroutines say where RSS goes that the heap does not hold.
+	StackInuseBytes int64 `json:"stackInuseBytes,omitempty"`
+	HeapIdleBytes   int64 `json:"heapIdleNotReleasedBytes,omitempty"`
+	Goroutines      int   `json:"goroutines,omitempty"`
 	// PostgresRows per kind; PostgresBytes the three tables' pg_total_relation_size
 	// (heap, TOAST, indexes); PostgresDatabaseBytes pg_database_size.
 	PostgresRows          map[string]int64 `json:"postgresRows"`
@@ -466,8 +471,11 @@ type Slope struct {
 
 // ArchiveSlopes are the growth per processed event.
 type ArchiveSlopes struct {
-	RSSBytes       Slope `json:"rssBytes"`
-	HeapInuseBytes Slope `json:"heapInuseBytes"`
+	RSSBytes        Slope `json:"rssBytes"`
+	HeapInuseBytes  Slope `json:"heapInuseBytes"`
+	StackInuseBytes Slope `json:"stackInuseBytes"`
+	HeapIdleBytes   Slope `json:"heapIdleNotReleasedBytes"`
+	Goroutines      Slope `json:"goroutines"`
 	// EtcdCompactedBytes is etcd's size after compaction and defragmentation;
 	// EtcdCompactedNoEvent the same without the Kubernetes Events (which expire after
 	// the API server's --event-ttl, 1 h); EtcdRecordBytes the live WebhookEvents,
@@ -780,6 +788,8 @@ func (a *ArchivePhase) print(w io.Writer) {
 		s    Slope
 	}{
 		{"manager RSS (B)", sl.RSSBytes}, {"manager heap in use (B)", sl.HeapInuseBytes},
+		{"manager stacks in use (B)", sl.StackInuseBytes}, {"manager idle heap not returned (B)", sl.HeapIdleBytes},
+		{"manager goroutines", sl.Goroutines},
 		{"etcd, compacted + defragmented (B)", sl.EtcdCompactedBytes},
 		{"etcd, compacted, without Kubernetes Events (B)", sl.EtcdCompactedNoEvent},
 		{"  live WebhookEvent+JobCompletion+BillingSettlement (B)", sl.EtcdRecordBytes},
