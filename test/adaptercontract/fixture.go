@@ -4,8 +4,23 @@
 // platform — the billing rows of the failure matrix, one effect per key, and lookups
 // and resends classified the same way whatever the platform's wire says.
 //
-// A new adapter brings a fake that implements Fixture (in the fake's own package) and
-// one line in the suite's list of fixtures.
+// How a new adapter joins:
+//
+//  1. Its fake (test/fake<name>) exports a constructor func(t *testing.T) Fixture that
+//     starts the fake on a free loopback port and stops it when t ends (see
+//     test/fakebilling/contract.go, test/fakestripe/contract.go). Effects counts the
+//     platform's own books, never the calls the fake saw; Fail shows each Fault as the
+//     platform documents it.
+//  2. If the adapter declares a lookup (billing.LookupByKey or LookupByListing), the
+//     fixture also implements LookupFaultFixture and WindowFixture; if the platform's
+//     rate limit sends no wait, or another than the suite would find, RetryAfterFixture.
+//  3. One line in the list of fixtures in adapters_test.go; one per shape of request
+//     when the capabilities differ between them (Stripe: usage and amount). A row the
+//     adapter fails today is listed on that line as KnownGap(row, why), never skipped.
+//
+// Then go test ./test/adaptercontract/ runs every row (suite.go) against it. A row that
+// does not apply to the adapter's declared capabilities asserts the capability that
+// excludes it; nothing is skipped.
 package adaptercontract
 
 import (

@@ -87,12 +87,15 @@ type Server struct {
 	srv     *http.Server
 	metrics map[string]Metric
 
-	mu       sync.Mutex
-	events   []*Event
-	faults   []adaptercontract.Fault
-	requests []Request
-	seq      int
-	closing  chan struct{}
+	mu     sync.Mutex
+	events []*Event
+	faults []adaptercontract.Fault
+	// lookupFaults is how many reads (GET by transaction_id, a listing page) still
+	// answer 500 (FailLookups).
+	lookupFaults int
+	requests     []Request
+	seq          int
+	closing      chan struct{}
 }
 
 var _ adaptercontract.Fixture = (*Server)(nil)
@@ -407,6 +410,9 @@ func wireOut(e *Event) map[string]any {
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	if s.failRead(w, r) {
+		return
+	}
 	s.note(Request{Method: r.Method, Path: r.URL.Path, TransactionID: id, Status: http.StatusOK})
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -421,6 +427,9 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
+	if s.failRead(w, r) {
+		return
+	}
 	s.note(Request{Method: r.Method, Path: r.URL.Path + "?" + q.Encode(), Status: http.StatusOK})
 	page, perPage := atoiOr(q.Get("page"), 1), atoiOr(q.Get("per_page"), 20)
 	if page < 1 || perPage < 1 || perPage > 100 {

@@ -95,6 +95,8 @@ type Server struct {
 	delay    time.Duration
 	requests []Request
 	hang     chan struct{}
+	// readFaults is how many listings still answer 500 (FailLookups).
+	readFaults int
 }
 
 // Start starts a fake on opts.Addr (a free loopback port when empty).
@@ -347,6 +349,9 @@ func (s *Server) ingest(w http.ResponseWriter, req *http.Request) {
 
 func (s *Server) list(w http.ResponseWriter, req *http.Request) {
 	q := req.URL.Query()
+	if s.failRead(w, req) {
+		return
+	}
 	now := time.Now()
 	from, to := now.Add(-24*time.Hour), time.Time{}
 	if v := q.Get("from"); v != "" {

@@ -520,10 +520,13 @@ func (c *Client) List(ctx context.Context, since time.Time, cursor string) ([]bi
 	if resp.Truncated || json.Unmarshal(resp.Body, &p) != nil {
 		return nil, "", &billing.Error{Class: billing.Transient, Code: "unreadable_reply", Status: resp.Status, Message: "Lago's page of events could not be read"}
 	}
+	// Lago's created_at is in whole seconds: an event created in since's own second
+	// reads as created before since, so the bound is that second's start.
+	from := since.Truncate(time.Second)
 	var out []billing.Record
 	for i := range p.Events {
 		rec := c.record(&p.Events[i], billing.Request{})
-		if rec.SettlementKey == "" || (!rec.CreatedAt.IsZero() && rec.CreatedAt.Before(since)) {
+		if rec.SettlementKey == "" || (!rec.CreatedAt.IsZero() && rec.CreatedAt.Before(from)) {
 			continue
 		}
 		out = append(out, rec)

@@ -157,6 +157,9 @@ func New(cfg Config) (*Client, error) {
 // String never shows the token.
 func (c *Client) String() string { return "metronome(" + c.endpoint + ")" }
 
+// GoString keeps %#v from printing the client's fields, the token among them.
+func (c *Client) GoString() string { return c.String() }
+
 // EventRef is the provider reference of a usage event: the ingest answer carries no
 // ID, so the reference is the transaction ID (our idempotency key) under a prefix that
 // says so.

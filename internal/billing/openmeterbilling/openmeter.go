@@ -152,6 +152,9 @@ func (c *Client) String() string {
 	return fmt.Sprintf("openmeter(%s, source %s)", c.endpoint, c.cfg.Source)
 }
 
+// GoString keeps %#v from printing the client's fields, the token among them.
+func (c *Client) GoString() string { return c.String() }
+
 func valueProperty(m Meter) string {
 	if m.ValueProperty == "" {
 		return "value"

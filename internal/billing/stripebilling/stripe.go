@@ -198,6 +198,9 @@ func (c *Client) Mode() Mode { return c.mode }
 // String never shows the key.
 func (c *Client) String() string { return fmt.Sprintf("stripe(%s, %s mode)", c.cfg.Endpoint, c.mode) }
 
+// GoString keeps %#v from printing the client's fields, the key among them.
+func (c *Client) GoString() string { return c.String() }
+
 // Submit carries out r under r.IdempotencyKey.
 func (c *Client) Submit(ctx context.Context, r billing.Request) (billing.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
