@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -544,14 +545,12 @@ func (c *Client) List(ctx context.Context, since time.Time, cursor string) ([]bi
 		since = now.Add(-ListHorizon)
 	}
 	q := url.Values{"from": {since.UTC().Format(time.RFC3339Nano)}, "limit": {strconv.Itoa(MaxListLimit)}}
-	var to time.Time
+	var page listCursor
 	if cursor != "" {
-		t, err := time.Parse(time.RFC3339Nano, cursor)
-		if err != nil {
-			return nil, "", terminal("invalid_cursor", "the listing cursor is not a time")
+		if err := json.Unmarshal([]byte(cursor), &page); err != nil || page.To.IsZero() {
+			return nil, "", terminal("invalid_cursor", "the listing cursor is not one this adapter wrote")
 		}
-		to = t
-		q.Set("to", cursor)
+		q.Set("to", page.To.UTC().Format(time.RFC3339Nano))
 	}
 	events, err := c.list(ctx, q)
 	if err != nil {
@@ -561,6 +560,10 @@ func (c *Client) List(ctx context.Context, since time.Time, cursor string) ([]bi
 	oldest := time.Time{}
 	for _, ie := range events {
 		t := eventTime(ie)
+		if !page.To.IsZero() && t.Equal(page.To) && slices.Contains(page.Seen, ie.event.Source+"\x00"+ie.event.ID) {
+			// the previous page listed it: "to" is inclusive
+			continue
+		}
 		if oldest.IsZero() || t.Before(oldest) {
 			oldest = t
 		}
@@ -568,13 +571,40 @@ func (c *Client) List(ctx context.Context, since time.Time, cursor string) ([]bi
 			out = append(out, c.record(ie, ""))
 		}
 	}
-	if len(events) < MaxListLimit || oldest.IsZero() {
+	if len(events) < MaxListLimit {
 		return out, "", nil
 	}
-	if !to.IsZero() && !oldest.Before(to) {
-		oldest = oldest.Add(-time.Microsecond)
+	if oldest.IsZero() {
+		// A whole page of events dated at the previous page's last time, every one listed
+		// before: OpenMeter's listing pages by time only, so the rest of that instant cannot
+		// be reached. Said, never skipped.
+		return nil, "", &billing.Error{Class: billing.Transient, Code: "listing_stuck", Message: fmt.Sprintf(
+			"more than %d events are dated %s: OpenMeter's listing, paged by time, cannot list past them",
+			MaxListLimit, page.To.UTC().Format(time.RFC3339Nano))}
 	}
-	return out, oldest.UTC().Format(time.RFC3339Nano), nil
+	// The next page ends at this page's oldest time, inclusive: the events at that time
+	// listed here are carried in the cursor and left out there.
+	next := listCursor{To: oldest}
+	if oldest.Equal(page.To) {
+		next.Seen = page.Seen
+	}
+	for _, ie := range events {
+		if eventTime(ie).Equal(oldest) {
+			next.Seen = append(next.Seen, ie.event.Source+"\x00"+ie.event.ID)
+		}
+	}
+	raw, err := json.Marshal(next)
+	if err != nil {
+		return nil, "", err
+	}
+	return out, string(raw), nil
+}
+
+// listCursor is List's cursor: the next page lists events dated up to To, inclusive,
+// less those dated exactly To that earlier pages listed (Seen: source NUL id).
+type listCursor struct {
+	To   time.Time `json:"to"`
+	Seen []string  `json:"seen,omitempty"`
 }
 
 // eventTime is when an event is dated: its time, else when it was ingested.
