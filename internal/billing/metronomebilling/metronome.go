@@ -178,7 +178,7 @@ func (c *Client) Capabilities(r billing.Request) billing.Capabilities { return R
 //   - anything else is refused before it is sent: nothing of it is ever at Metronome.
 func RequestCapabilities(r billing.Request) billing.Capabilities {
 	if r.Type == billing.TypeCharge && r.Usage != nil && r.Amount == nil {
-		return billing.Capabilities{Lookup: billing.LookupByKey, Window: KeyWindow, ResendIsProof: true}
+		return billing.Capabilities{Lookup: billing.LookupByKey, Window: KeyWindow, ResendIsProof: true, AbsenceUnproven: true}
 	}
 	return billing.Capabilities{Lookup: billing.LookupNone, Window: KeyWindow}
 }
