@@ -468,7 +468,10 @@ func terminal(code, msg string) *billing.Error {
 //   - 429: Transient, refused before processing, after Retry-After when Metronome
 //     sends it;
 //   - 5xx: Ambiguous for the ingest (it may have ingested the event before failing),
-//     Transient for the search.
+//     Transient for the search;
+//   - another 2xx to the ingest (202, a proxy's 204): Ambiguous — the event was taken,
+//     or may have been, and is asked about by key;
+//   - anything else (a redirect: never followed): Terminal.
 func (c *Client) classify(resp billing.Response, mutating bool) *billing.Error {
 	e := &billing.Error{Status: resp.Status, Code: strconv.Itoa(resp.Status)}
 	msg := c.message(resp.Body)
@@ -493,6 +496,9 @@ func (c *Client) classify(resp billing.Response, mutating bool) *billing.Error {
 		} else {
 			e.Class, e.Message = billing.Transient, "Metronome failed"
 		}
+	case s >= 200 && s < 300 && mutating:
+		e.Class = billing.Ambiguous
+		e.Message = fmt.Sprintf("Metronome answered HTTP %d to the ingest: it may have ingested the event (asking by key)", s)
 	default:
 		e.Class = billing.Terminal
 		e.Message = fmt.Sprintf("unexpected HTTP status %d from Metronome (check the endpoint)", s)
