@@ -18,5 +18,14 @@ func newLago(s Settings) (billing.Client, error) {
 			cfg.GracePeriod = l.GracePeriod.Duration
 		}
 	}
+	// A request may be sent up to the key window after its first attempt, or as long as
+	// the retry budget lasts when spec.retry.maxElapsed is longer: List reaches back so far.
+	cfg.LateRetry = lagobilling.DefaultLateRetry
+	if w := s.Provider.Spec.IdempotencyWindow; w != nil && w.Duration > 0 {
+		cfg.LateRetry = w.Duration
+	}
+	if r := s.Provider.Spec.Retry; r != nil && r.MaxElapsed != nil && r.MaxElapsed.Duration > cfg.LateRetry {
+		cfg.LateRetry = r.MaxElapsed.Duration
+	}
 	return lagobilling.New(cfg)
 }
