@@ -90,6 +90,9 @@ type Config struct {
 	// dated when each attempt is built, from the first one, and accepted up to that much
 	// later. List reaches back that far by timestamp too (DefaultLateRetry when zero).
 	LateRetry time.Duration
+	// AsyncIngest: the organization ingests events asynchronously (the ClickHouse
+	// pipeline), so a lookup by key proves presence only (Capabilities).
+	AsyncIngest bool
 	// Now is the clock (time.Now).
 	Now func() time.Time
 	// HTTPClient overrides the client (billing.NoRedirectClient when nil).
@@ -105,6 +108,7 @@ type Client struct {
 	byCode   map[string]string // billable metric code → usage meter
 	grace    time.Duration
 	late     time.Duration
+	async    bool
 	now      func() time.Time
 	hc       *http.Client
 }
@@ -148,7 +152,7 @@ func New(cfg Config) (*Client, error) {
 		cfg.Now = time.Now
 	}
 	c := &Client{endpoint: strings.TrimRight(u.String(), "/"), apiKey: cfg.APIKey, timeout: cfg.Timeout,
-		metrics: map[string]Metric{}, byCode: map[string]string{}, grace: cfg.GracePeriod, late: cfg.LateRetry, now: cfg.Now, hc: cfg.HTTPClient}
+		metrics: map[string]Metric{}, byCode: map[string]string{}, grace: cfg.GracePeriod, late: cfg.LateRetry, async: cfg.AsyncIngest, now: cfg.Now, hc: cfg.HTTPClient}
 	if c.late <= 0 {
 		c.late = DefaultLateRetry
 	}
@@ -187,12 +191,29 @@ func (c *Client) GoString() string { return c.String() }
 // Lago keeps a transaction_id as long as its event (no window of its own): the
 // BillingProvider's idempotencyWindow applies. A refund or void is never sent (Lago has
 // no reversal of an event), so asking for one finds nothing.
-func (c *Client) Capabilities(r billing.Request) billing.Capabilities { return RequestCapabilities(r) }
+func (c *Client) Capabilities(r billing.Request) billing.Capabilities {
+	return PipelineCapabilities(c.async, r)
+}
 
 // RequestCapabilities is Capabilities without a client, for deciding before one is
 // built (the registry).
 func RequestCapabilities(billing.Request) billing.Capabilities {
 	return billing.Capabilities{Lookup: billing.LookupByKey}
+}
+
+// PipelineCapabilities is RequestCapabilities for an organization on the given event
+// pipeline. On ClickHouse events go through Kafka asynchronously: a lookup's "not
+// found" proves nothing (AbsenceUnproven), and a transaction_id is not guaranteed
+// unique (Lago's reference: several events may share one there, and the lookup shows
+// the first), so a resend after an attempt that may have been ingested could bill the
+// usage again — it is never sent (NoDeduplication, as for OpenMeter without
+// deduplication). A lookup that finds the event still settles the charge.
+func PipelineCapabilities(asyncIngest bool, r billing.Request) billing.Capabilities {
+	c := RequestCapabilities(r)
+	if asyncIngest {
+		c.AbsenceUnproven, c.NoDeduplication = true, true
+	}
+	return c
 }
 
 // DateUsage says, at a usage charge's first attempt, until when its event may be dated
