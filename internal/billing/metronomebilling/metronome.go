@@ -174,7 +174,12 @@ func (c *Client) Capabilities(r billing.Request) billing.Capabilities { return R
 //     them); inside Metronome's 34-day window a resend is proof — Metronome either
 //     ingests it (nothing was there) or ignores it as a duplicate of an event it holds
 //     under our key, and since only this settlement sends a namespaced key, what it
-//     holds is this request (a legacy key's held copy is read back and compared);
+//     holds is this request (a legacy key's held copy is read back and compared).
+//     ResendIsProof itself is read by the decision only for a provider with no lookup
+//     (LookupNone), so it changes nothing here: the resend inside the window comes from
+//     the search's "not found", decided as unanswerable because the search is
+//     asynchronous (AbsenceUnproven: a "not found" proves nothing, never "nothing
+//     charged");
 //   - anything else is refused before it is sent: nothing of it is ever at Metronome.
 func RequestCapabilities(r billing.Request) billing.Capabilities {
 	if r.Type == billing.TypeCharge && r.Usage != nil && r.Amount == nil {
