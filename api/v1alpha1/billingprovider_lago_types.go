@@ -34,7 +34,29 @@ type LagoSettings struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1h') && duration(self) <= duration('2160h')",message="gracePeriod is the Lago organization's invoice grace period: between 1h and 90 days (2160h)"
 	GracePeriod *metav1.Duration `json:"gracePeriod,omitempty"`
+
+	// eventPipeline is how the Lago organization ingests events. Postgres (the default
+	// pipeline) stores an event before it answers, so a lookup by transaction_id that
+	// finds nothing proves nothing is there. ClickHouse (the high-volume pipeline) takes
+	// events through Kafka asynchronously and does not guarantee a transaction_id is
+	// unique: a lookup that finds nothing proves nothing, so the operator never decides
+	// "nothing was charged" from it, and never resends a charge that may have been
+	// ingested; one whose outcome stays unknown stops for a person (docs/runbook.md).
+	// Set ClickHouse when the organization uses that pipeline.
+	// +optional
+	// +kubebuilder:default=Postgres
+	// +kubebuilder:validation:Enum=Postgres;ClickHouse
+	EventPipeline LagoEventPipeline `json:"eventPipeline,omitempty"`
 }
+
+// LagoEventPipeline is how a Lago organization ingests events.
+type LagoEventPipeline string
+
+// The Lago event pipelines.
+const (
+	LagoPipelinePostgres   LagoEventPipeline = "Postgres"
+	LagoPipelineClickHouse LagoEventPipeline = "ClickHouse"
+)
 
 // LagoMetric is one Lago billable metric that usage is reported to.
 // +kubebuilder:validation:XValidation:rule="self.fieldName != 'settlement_key' && self.fieldName != 'settlement_unit'",message="fieldName settlement_key and settlement_unit are the properties the operator writes to identify its events; choose the billable metric's own field"

@@ -99,6 +99,12 @@ type Request struct {
 	// since, less clock skew: nothing before it can be this request's. Neither sent nor
 	// compared.
 	FirstSubmittedAt time.Time
+	// DatedAt is the usage time this settlement pinned at its first attempt
+	// (status.usageDatedAt), carried on every request sent or asked about, whether or
+	// not this one is sent dated (OccurredAt): a copy the provider holds under the key
+	// may carry it, so it is the earliest timestamp a lookup must reach (Metronome's
+	// 34-day search horizon). Zero when nothing was dated. Neither sent nor compared.
+	DatedAt time.Time
 	// KeyNamespaced: IdempotencyKey is derived from the settlement's namespace and
 	// settlement key, so nothing but this settlement ever sends it (a legacy key is the
 	// same in every namespace). Neither sent nor compared.

@@ -56,7 +56,20 @@ type Capabilities struct {
 	// sent again after an attempt that may have reached the provider, and only a
 	// lookup that finds the record resolves it (docs/design.md §14).
 	NoDeduplication bool
+	// AbsenceUnproven: a lookup that finds the record proves it is there; one that does
+	// not find it proves nothing, because the provider ingests asynchronously and its
+	// lookup may not show a record it already holds (Metronome's events search). Such a
+	// "not found" after an attempt that may have reached the provider is decided as a
+	// lookup the provider cannot answer: inside the key window a resend under the key is
+	// the answer where the provider deduplicates, otherwise a human looks; it never
+	// lowers the exposure (docs/design.md §14). NoDeduplication implies it (its lookup
+	// is an asynchronous listing too).
+	AbsenceUnproven bool
 }
+
+// ProvesAbsence reports whether a lookup's "not found" proves the provider holds
+// nothing under the key (see AbsenceUnproven).
+func (c Capabilities) ProvesAbsence() bool { return !c.AbsenceUnproven && !c.NoDeduplication }
 
 // Capable is a Client that says what its provider can answer for each request.
 type Capable interface {

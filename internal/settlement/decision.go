@@ -312,11 +312,15 @@ func afterCall(in Input, d Decision) Decision {
 				Field: "record"}
 			return d
 		}
-		if in.Caps.NoDeduplication && d.Exposure == hooksv1alpha1.ExposurePossible {
-			// A listing that does not show the request proves nothing (the provider
-			// ingests asynchronously), and a resend would be counted again: it is
-			// decided as a lookup the provider cannot answer.
+		if !in.Caps.ProvesAbsence() && d.Exposure == hooksv1alpha1.ExposurePossible {
+			// A lookup that does not show the request proves nothing (the provider
+			// ingests asynchronously): it is decided as a lookup the provider cannot
+			// answer — a resend under the key inside its window where it deduplicates,
+			// a human otherwise. Never "nothing moved".
 			d.Failures = 0
+			if in.Obs.Message == "" && !in.Caps.NoDeduplication {
+				in.Obs.Message = absenceUnprovenHint
+			}
 			return unanswerable(in, d)
 		}
 		d.Failures, d.ClearDisagreement = 0, true
@@ -430,6 +434,12 @@ func afterCall(in Input, d Decision) Decision {
 	return d
 }
 
+// absenceUnprovenHint is what a person is told when a lookup's "not found" proves
+// nothing (billing.Capabilities.AbsenceUnproven) and nothing more can be done.
+const absenceUnprovenHint = "the provider's lookup does not show the request, which proves nothing (it processes events " +
+	"asynchronously, and may hold one it does not show yet): look for the event under this settlement's idempotency key at the provider; " +
+	"if it is there the charge is done, if not, charge it by hand"
+
 // resendMargin keeps a resend under the key clear of the end of the provider's key
 // window, beyond the time the lookup before it and the resend itself may take
 // (2 × requestTimeout): the request must arrive while the provider still
@@ -500,6 +510,18 @@ func unanswerable(in Input, d Decision) Decision {
 	spent, why := budgetSpent(st, in.Policy, in.Now)
 	first := st.FirstSubmittedAt
 	refused := in.Obs.RepeatHarmless && st.LastSubmission == hooksv1alpha1.SubmissionRefused
+	resend := !in.Obs.Submit && !in.Deleting && !spent && !refused && first != nil && in.Now.Before(resendableUntil(first.Time, in.Policy))
+	if in.Caps.AbsenceUnproven && !resend && !in.Obs.Submit && st.LastSubmission == hooksv1alpha1.SubmissionMaybeReceived && st.LastAttemptAt != nil {
+		if until := st.LastAttemptAt.Add(settleAfter(in.Policy)); in.Now.Before(until) {
+			// No resend may answer (deleting, budget spent, past the window), and the
+			// last attempt may simply not be processed yet: asked again after the
+			// settle time before a human is called.
+			d.Action, d.Wait, d.Reason, d.Failures = ActWait, until.Sub(in.Now), hooksv1alpha1.ReasonOutcomeUnknown, 0
+			d.Message = "the provider's lookup does not show the last attempt yet (it processes events asynchronously): " +
+				"asking again after the settle time; nothing is sent again"
+			return d
+		}
+	}
 	switch {
 	case in.Obs.Submit || in.Deleting || spent || refused:
 	case first != nil && in.Now.Before(resendableUntil(first.Time, in.Policy)):

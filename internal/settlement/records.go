@@ -123,6 +123,9 @@ func RequestOf(bs *hooksv1alpha1.BillingSettlement, reversesKey, reversesRef str
 	if t := bs.Status.FirstSubmittedAt; t != nil {
 		req.FirstSubmittedAt = t.Time
 	}
+	if t := bs.Status.UsageDatedAt; t != nil {
+		req.DatedAt = t.Time // what the first attempt carried, whatever this one does
+	}
 	req.KeyNamespaced = bs.Spec.IdempotencyKey == identity.NamespacedIdempotencyKey(bs.Namespace, bs.Spec.SettlementKey)
 	return req
 }

@@ -61,6 +61,10 @@ type Options struct {
 	Now func() time.Time
 	// RetryAfter is the Retry-After of a rate-limited answer, whole seconds (1s when 0).
 	RetryAfter time.Duration
+	// SearchLag is how long after it is accepted an event stays out of the events
+	// search: Metronome processes ingested events asynchronously, so the search may not
+	// show an event it already holds (and deduplicates). 0 shows it at once.
+	SearchLag time.Duration
 }
 
 // Event is a usage event as the fake holds it.
@@ -425,6 +429,9 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 		}
 		if t, err := time.Parse(time.RFC3339Nano, e.Timestamp); err != nil || now.Sub(t) > Window {
 			continue // the search covers events of the last 34 days
+		}
+		if now.Sub(e.AcceptedAt) < s.opts.SearchLag {
+			continue // held, not processed yet
 		}
 		out = append(out, searchedEvent{ID: e.ID, TransactionID: e.TransactionID, CustomerID: e.CustomerID, EventType: e.EventType,
 			Timestamp: e.Timestamp, Properties: copyProps(e.Properties), ProcessedAt: e.AcceptedAt.UTC().Format(time.RFC3339Nano)})

@@ -7,6 +7,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing/metronomebilling"
@@ -144,5 +145,32 @@ var _ = Describe("a Metronome billing provider", func() {
 		Eventually(readyReason(refund)).Should(Equal(hooksv1alpha1.ReasonCompensationNotAllowed))
 		Consistently(func() int { return len(fake.Requests()) }).WithTimeout(2*time.Second).Should(Equal(1), "nothing but the charge was sent")
 		Expect(fake.Effects(orig.Spec.IdempotencyKey)).To(Equal(1))
+	})
+
+	// Metronome's events search is asynchronous: an event it holds (and deduplicates) may
+	// not show yet. A settlement whose ingest may have committed, deleted while the search
+	// answers "not found", is never released as having charged nothing: a human looks.
+	It("never releases a deleted settlement on the events search's silence while the event may be held", func() {
+		lagging, err := fakemetronome.Start(fakemetronome.Options{SearchLag: time.Hour})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(lagging.Close)
+		ns := metronomeTenant(lagging)
+		lagging.Fail(adaptercontract.CommitThenTimeout, 1) // ingested; the answer is lost
+		lagging.Fail(adaptercontract.Unavailable, 1000)    // every resend fails: nothing proves the outcome
+		sendOK(ns, "msg_metronome_lag", completed("job-metronome-lag", 9, time.Now().Add(-time.Minute)))
+		Eventually(func() int { return len(lagging.Requests()) }).WithTimeout(30 * time.Second).Should(BeNumerically(">=", 1))
+		bs := settlementOf(ns, "job-metronome-lag")
+		Eventually(func() hooksv1alpha1.Exposure { return get(bs).Status.Exposure }).Should(Equal(hooksv1alpha1.ExposurePossible))
+		Expect(k8s.Delete(ctx, bs)).To(Succeed())
+
+		// Released (gone) would read "": the search's silence is no proof that nothing was
+		// ingested, and nothing may be resent while deleting, so a human looks.
+		Eventually(stateOf(bs)).WithTimeout(90 * time.Second).Should(Equal(hooksv1alpha1.SettlementRequiresReconciliation))
+		got := get(bs)
+		Expect(got.Status.Exposure).To(Equal(hooksv1alpha1.ExposurePossible))
+		Expect(readyReason(bs)()).To(Equal(hooksv1alpha1.ReasonDeletionBlocked))
+		Consistently(func() error { return k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{}) }).
+			WithTimeout(3 * time.Second).Should(Succeed(), "held: Metronome holds the event")
+		Expect(lagging.Effects(bs.Spec.IdempotencyKey)).To(Equal(1))
 	})
 })

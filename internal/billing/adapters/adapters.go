@@ -13,7 +13,6 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
-	"github.com/settlement-operator/settlement-operator/internal/billing/lagobilling"
 	"github.com/settlement-operator/settlement-operator/internal/billing/metronomebilling"
 	"github.com/settlement-operator/settlement-operator/internal/billing/stripebilling"
 )
@@ -47,7 +46,7 @@ type adapter struct {
 var registry = map[hooksv1alpha1.BillingProviderType]adapter{
 	hooksv1alpha1.BillingProviderHTTP:      {build: newHTTP, caps: billing.ContractCapabilities},
 	hooksv1alpha1.BillingProviderStripe:    {build: newStripe, caps: stripebilling.RequestCapabilities},
-	hooksv1alpha1.BillingProviderLago:      {build: newLago, caps: lagobilling.RequestCapabilities},
+	hooksv1alpha1.BillingProviderLago:      {build: newLago, capsOf: lagoCapabilities},
 	hooksv1alpha1.BillingProviderMetronome: {build: newMetronome, caps: metronomebilling.RequestCapabilities},
 	hooksv1alpha1.BillingProviderOpenMeter: {build: newOpenMeter, capsOf: openMeterCapabilities},
 }

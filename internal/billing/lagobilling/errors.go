@@ -88,6 +88,9 @@ func alreadyExists(resp billing.Response) bool {
 //     the event as sent and will again;
 //   - 5xx → Ambiguous for the POST (Lago may have stored the event before failing),
 //     Transient for a read;
+//   - another 2xx to the POST (202, a proxy's 204) → Ambiguous: Lago, or something
+//     before it, took the event and answered without a readable record, so it may be
+//     stored; it is asked about by key;
 //   - anything else (a redirect: never followed with the key) → Terminal.
 func (c *Client) classify(resp billing.Response, mutating bool) *billing.Error {
 	le := lagoError(resp.Body)
@@ -127,6 +130,9 @@ func (c *Client) classify(resp billing.Response, mutating bool) *billing.Error {
 	case s >= 400 && s < 500:
 		e.Class = billing.Terminal
 		e.Message = "Lago rejected the request"
+	case s >= 200 && s < 300 && mutating:
+		e.Class = billing.Ambiguous
+		e.Message = "Lago answered HTTP " + strconv.Itoa(s) + " without the event: it may have stored it (asking by key)"
 	default:
 		e.Class = billing.Terminal
 		e.Message = "unexpected HTTP status " + strconv.Itoa(s) + " (check spec.endpoint is Lago's API host)"

@@ -85,6 +85,14 @@ type Config struct {
 	// job's completion only while they reach Lago inside it (DateUsage); 0 never dates
 	// them at completion.
 	GracePeriod time.Duration
+	// LateRetry is how long after its first attempt a request may still be sent (the
+	// BillingProvider's key window or retry budget, the longer): an undated event is
+	// dated when each attempt is built, from the first one, and accepted up to that much
+	// later. List reaches back that far by timestamp too (DefaultLateRetry when zero).
+	LateRetry time.Duration
+	// AsyncIngest: the organization ingests events asynchronously (the ClickHouse
+	// pipeline), so a lookup by key proves presence only (Capabilities).
+	AsyncIngest bool
 	// Now is the clock (time.Now).
 	Now func() time.Time
 	// HTTPClient overrides the client (billing.NoRedirectClient when nil).
@@ -99,6 +107,8 @@ type Client struct {
 	metrics  map[string]Metric
 	byCode   map[string]string // billable metric code → usage meter
 	grace    time.Duration
+	late     time.Duration
+	async    bool
 	now      func() time.Time
 	hc       *http.Client
 }
@@ -142,7 +152,10 @@ func New(cfg Config) (*Client, error) {
 		cfg.Now = time.Now
 	}
 	c := &Client{endpoint: strings.TrimRight(u.String(), "/"), apiKey: cfg.APIKey, timeout: cfg.Timeout,
-		metrics: map[string]Metric{}, byCode: map[string]string{}, grace: cfg.GracePeriod, now: cfg.Now, hc: cfg.HTTPClient}
+		metrics: map[string]Metric{}, byCode: map[string]string{}, grace: cfg.GracePeriod, late: cfg.LateRetry, async: cfg.AsyncIngest, now: cfg.Now, hc: cfg.HTTPClient}
+	if c.late <= 0 {
+		c.late = DefaultLateRetry
+	}
 	for meter, m := range cfg.Metrics {
 		switch {
 		case m.Code == "" || m.FieldName == "":
@@ -178,12 +191,29 @@ func (c *Client) GoString() string { return c.String() }
 // Lago keeps a transaction_id as long as its event (no window of its own): the
 // BillingProvider's idempotencyWindow applies. A refund or void is never sent (Lago has
 // no reversal of an event), so asking for one finds nothing.
-func (c *Client) Capabilities(r billing.Request) billing.Capabilities { return RequestCapabilities(r) }
+func (c *Client) Capabilities(r billing.Request) billing.Capabilities {
+	return PipelineCapabilities(c.async, r)
+}
 
 // RequestCapabilities is Capabilities without a client, for deciding before one is
 // built (the registry).
 func RequestCapabilities(billing.Request) billing.Capabilities {
 	return billing.Capabilities{Lookup: billing.LookupByKey}
+}
+
+// PipelineCapabilities is RequestCapabilities for an organization on the given event
+// pipeline. On ClickHouse events go through Kafka asynchronously: a lookup's "not
+// found" proves nothing (AbsenceUnproven), and a transaction_id is not guaranteed
+// unique (Lago's reference: several events may share one there, and the lookup shows
+// the first), so a resend after an attempt that may have been ingested could bill the
+// usage again — it is never sent (NoDeduplication, as for OpenMeter without
+// deduplication). A lookup that finds the event still settles the charge.
+func PipelineCapabilities(asyncIngest bool, r billing.Request) billing.Capabilities {
+	c := RequestCapabilities(r)
+	if asyncIngest {
+		c.AbsenceUnproven, c.NoDeduplication = true, true
+	}
+	return c
 }
 
 // DateUsage says, at a usage charge's first attempt, until when its event may be dated
@@ -484,9 +514,13 @@ type wirePage struct {
 	} `json:"meta"`
 }
 
+// DefaultLateRetry is Config.LateRetry's default: spec.idempotencyWindow's default.
+const DefaultLateRetry = 24 * time.Hour
+
 // List pages through Lago's events for reconciliation (GET /api/v1/events). Lago
 // filters events by their timestamp, not by when it received them, and an event may be
-// dated up to the grace period before it was sent: the listing starts that much before
+// dated up to the grace period before it was sent — or, undated, at its first attempt,
+// accepted up to LateRetry later: the listing starts the longer of the two before
 // since, and keeps the events Lago created at or after since. It ends at the first
 // call's clock (timestamp_to, carried in the cursor), so the pages of one pass stay put
 // while new events arrive. Events that do not carry a settlement key are someone
@@ -505,7 +539,7 @@ func (c *Client) List(ctx context.Context, since time.Time, cursor string) ([]bi
 	q := url.Values{}
 	q.Set("page", strconv.Itoa(page))
 	q.Set("per_page", strconv.Itoa(PageSize))
-	q.Set("timestamp_from", since.Add(-c.grace).UTC().Format(time.RFC3339))
+	q.Set("timestamp_from", since.Add(-max(c.grace, c.late)).UTC().Format(time.RFC3339))
 	q.Set("timestamp_to", until.Format(time.RFC3339))
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
@@ -563,6 +597,8 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, mutat
 	return billing.Do(c.hc, req, mutating)
 }
 
+// terminal is a request the adapter refuses before sending anything (Local): it says
+// nothing about Lago's health.
 func terminal(code, msg string) *billing.Error {
-	return &billing.Error{Class: billing.Terminal, Code: code, Message: msg}
+	return &billing.Error{Class: billing.Terminal, Code: code, Message: msg, Local: true}
 }

@@ -177,11 +177,16 @@ func (c *Client) Capabilities(r billing.Request) billing.Capabilities { return R
 //     them); inside Metronome's 34-day window a resend is proof — Metronome either
 //     ingests it (nothing was there) or ignores it as a duplicate of an event it holds
 //     under our key, and since only this settlement sends a namespaced key, what it
-//     holds is this request (a legacy key's held copy is read back and compared);
+//     holds is this request (a legacy key's held copy is read back and compared).
+//     ResendIsProof itself is read by the decision only for a provider with no lookup
+//     (LookupNone), so it changes nothing here: the resend inside the window comes from
+//     the search's "not found", decided as unanswerable because the search is
+//     asynchronous (AbsenceUnproven: a "not found" proves nothing, never "nothing
+//     charged");
 //   - anything else is refused before it is sent: nothing of it is ever at Metronome.
 func RequestCapabilities(r billing.Request) billing.Capabilities {
 	if r.Type == billing.TypeCharge && r.Usage != nil && r.Amount == nil {
-		return billing.Capabilities{Lookup: billing.LookupByKey, Window: KeyWindow, ResendIsProof: true}
+		return billing.Capabilities{Lookup: billing.LookupByKey, Window: KeyWindow, ResendIsProof: true, AbsenceUnproven: true}
 	}
 	return billing.Capabilities{Lookup: billing.LookupNone, Window: KeyWindow}
 }
@@ -310,20 +315,19 @@ type searchedEvent struct {
 
 // LookupRequest asks the events search for r's usage event by its transaction ID and
 // returns what Metronome holds, for billing.Match to compare. The search sees events
-// of the last 34 days only, so it is asked only while r's event is certainly inside
-// them: dated at r.OccurredAt, or — undated — sent no earlier than r.FirstSubmittedAt.
-// Otherwise (older, or an undated request this record never sent) the answer is
-// Unanswerable: a missing event would prove nothing. Within them a "not found" is safe
-// to act on: a resend inside the 34-day window is ignored if Metronome holds the key.
+// of the last 34 days only, so it is asked only while every copy of r's event that
+// Metronome may hold is inside them (searchAnchor). Otherwise (older, or an undated
+// request this record never sent) the answer is Unanswerable: a missing event would
+// prove nothing. Within them a "not found" still proves nothing by itself — the search
+// is asynchronous (Capabilities.AbsenceUnproven): the decision resends inside the
+// 34-day window, which Metronome ignores if it holds the key, and otherwise asks a
+// human.
 func (c *Client) LookupRequest(ctx context.Context, r billing.Request) (billing.Record, bool, error) {
 	if r.Type != billing.TypeCharge || r.Usage == nil || r.Amount != nil {
 		// Refused unsent by Submit, always: nothing of it is at Metronome.
 		return billing.Record{}, false, nil
 	}
-	anchor := r.OccurredAt
-	if anchor.IsZero() {
-		anchor = r.FirstSubmittedAt
-	}
+	anchor := searchAnchor(r)
 	if anchor.IsZero() || c.cfg.Now().Sub(anchor) > SearchHorizon {
 		return billing.Record{}, false, &billing.Error{Class: billing.Terminal, Code: "outside_search_horizon", Unanswerable: true,
 			Message: "Metronome's events search sees only events of the last 34 days, and this usage event may be older: look for transaction ID " +
@@ -331,6 +335,21 @@ func (c *Client) LookupRequest(ctx context.Context, r billing.Request) (billing.
 				"(the operator does not resend past Metronome's 34-day window)"}
 	}
 	return c.search(ctx, r.IdempotencyKey, r)
+}
+
+// searchAnchor is the earliest timestamp an event Metronome holds for r may carry: the
+// usage time the first attempt was dated at (r.DatedAt, carried after datedUntil when
+// r itself goes undated), r's own date, or — undated — its first attempt (an undated
+// event is dated when sent, at or after it). Zero when r was never sent undated and
+// carries no date.
+func searchAnchor(r billing.Request) time.Time {
+	var anchor time.Time
+	for _, t := range []time.Time{r.OccurredAt, r.DatedAt, r.FirstSubmittedAt} {
+		if !t.IsZero() && (anchor.IsZero() || t.Before(anchor)) {
+			anchor = t
+		}
+	}
+	return anchor
 }
 
 // Lookup asks the events search by key alone. Without the request's dates a missing
@@ -471,7 +490,10 @@ func terminal(code, msg string) *billing.Error {
 //   - 429: Transient, refused before processing, after Retry-After when Metronome
 //     sends it;
 //   - 5xx: Ambiguous for the ingest (it may have ingested the event before failing),
-//     Transient for the search.
+//     Transient for the search;
+//   - another 2xx to the ingest (202, a proxy's 204): Ambiguous — the event was taken,
+//     or may have been, and is asked about by key;
+//   - anything else (a redirect: never followed): Terminal.
 func (c *Client) classify(resp billing.Response, mutating bool) *billing.Error {
 	e := &billing.Error{Status: resp.Status, Code: strconv.Itoa(resp.Status)}
 	msg := c.message(resp.Body)
@@ -496,6 +518,9 @@ func (c *Client) classify(resp billing.Response, mutating bool) *billing.Error {
 		} else {
 			e.Class, e.Message = billing.Transient, "Metronome failed"
 		}
+	case s >= 200 && s < 300 && mutating:
+		e.Class = billing.Ambiguous
+		e.Message = fmt.Sprintf("Metronome answered HTTP %d to the ingest: it may have ingested the event (asking by key)", s)
 	default:
 		e.Class = billing.Terminal
 		e.Message = fmt.Sprintf("unexpected HTTP status %d from Metronome (check the endpoint)", s)

@@ -312,7 +312,7 @@ func TestCapabilitiesAndDating(t *testing.T) {
 	fake, c := start(t)
 	r := fake.Charge("k-caps")
 	bp, _ := fake.Provider()
-	want := billing.Capabilities{Lookup: billing.LookupByKey, Window: 34 * 24 * time.Hour, ResendIsProof: true}
+	want := billing.Capabilities{Lookup: billing.LookupByKey, Window: 34 * 24 * time.Hour, ResendIsProof: true, AbsenceUnproven: true}
 	if got := adapters.Capabilities(bp, r); got != want {
 		t.Fatalf("registry: %+v", got)
 	}
