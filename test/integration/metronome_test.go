@@ -170,7 +170,7 @@ var _ = Describe("a Metronome billing provider", func() {
 		Expect(got.Status.Exposure).To(Equal(hooksv1alpha1.ExposurePossible))
 		Expect(readyReason(bs)()).To(Equal(hooksv1alpha1.ReasonDeletionBlocked))
 		Consistently(func() error { return k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{}) }).
-			WithTimeout(3 * time.Second).Should(Succeed(), "held: Metronome holds the event")
+			WithTimeout(3*time.Second).Should(Succeed(), "held: Metronome holds the event")
 		Expect(lagging.Effects(bs.Spec.IdempotencyKey)).To(Equal(1))
 	})
 })
