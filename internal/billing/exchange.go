@@ -234,7 +234,7 @@ func StatusError(resp Response, mutating bool, redact string) *Error {
 		e.Class = Terminal
 		e.Message = "the provider rejected the request"
 		if msg != "" {
-			e.Message += ": " + sanitize(msg, redact)
+			e.Message += ": " + Sanitize(msg, redact)
 		}
 	case status >= 500 && status < 600:
 		e.RetryAfter = RetryAfter(resp.Header, time.Now())
@@ -297,9 +297,9 @@ func providerError(body []byte) (code, message string) {
 // not supported", too little for a body dump.
 const maxMessage = 120
 
-// sanitize makes provider text safe for status and logs: printable ASCII only, bounded,
-// and with the credential removed.
-func sanitize(s, redact string) string {
+// Sanitize makes provider text safe for status and logs: printable ASCII only, bounded,
+// and with the credential (redact) removed. Every adapter copies provider text through it.
+func Sanitize(s, redact string) string {
 	if redact != "" {
 		s = strings.ReplaceAll(s, redact, "[redacted]")
 	}

@@ -528,11 +528,8 @@ func (c *Client) classify(resp billing.Response, mutating bool) *billing.Error {
 	return e
 }
 
-// maxMessage bounds Metronome's text copied into an error.
-const maxMessage = 120
-
 // message is Metronome's error text ({"message": "..."}), made safe for status and
-// logs: printable ASCII, bounded, the token removed.
+// logs (billing.Sanitize).
 func (c *Client) message(body []byte) string {
 	var b struct {
 		Message string `json:"message"`
@@ -540,16 +537,5 @@ func (c *Client) message(body []byte) string {
 	if json.Unmarshal(body, &b) != nil || b.Message == "" {
 		return ""
 	}
-	s := strings.ReplaceAll(b.Message, c.cfg.Token, "[redacted]")
-	s = strings.Map(func(r rune) rune {
-		if r < 0x20 || r > 0x7e {
-			return ' '
-		}
-		return r
-	}, s)
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > maxMessage {
-		s = s[:maxMessage] + "..."
-	}
-	return s
+	return billing.Sanitize(b.Message, c.cfg.Token)
 }

@@ -342,7 +342,7 @@ func (c *Client) classify(resp billing.Response, mutating bool) *billing.Error {
 		if what == "" {
 			what = p.Title
 		}
-		what = sanitize(what, c.cfg.Token)
+		what = billing.Sanitize(what, c.cfg.Token)
 		switch {
 		case resp.Status == http.StatusTooManyRequests:
 			e.Message = "rate limited by OpenMeter: " + what
@@ -351,25 +351,6 @@ func (c *Client) classify(resp billing.Response, mutating bool) *billing.Error {
 		}
 	}
 	return e
-}
-
-// sanitize makes OpenMeter's text safe for status and logs: printable ASCII, bounded,
-// without the token.
-func sanitize(s, token string) string {
-	if token != "" {
-		s = strings.ReplaceAll(s, token, "[redacted]")
-	}
-	s = strings.Map(func(r rune) rune {
-		if r < 0x20 || r > 0x7e {
-			return ' '
-		}
-		return r
-	}, s)
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > 160 {
-		s = s[:160] + "..."
-	}
-	return s
 }
 
 // Lookup cannot ask OpenMeter by key alone: events are listed by subject and time
