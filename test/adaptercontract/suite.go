@@ -49,6 +49,13 @@ type WindowFixture interface {
 	PassWindow()
 }
 
+// ClockFixture is a fake whose windows are measured on a clock of its own (moved by
+// PassWindow): the adapter is built on the same clock (adapters.Settings.Now), so that
+// both see the window pass.
+type ClockFixture interface {
+	Now() time.Time
+}
+
 // many is how many charges the row "many charges" sends: more than one page of any
 // platform's listing (100 is the usual largest page).
 const many = 130
@@ -214,7 +221,11 @@ func (c *contract) fatalf(format string, args ...any) {
 
 func (c *contract) build(bp *hooksv1alpha1.BillingProvider, token string) billing.Client {
 	c.t.Helper()
-	client, err := adapters.New(adapters.Settings{Provider: bp, Token: token, Timeout: Timeout})
+	settings := adapters.Settings{Provider: bp, Token: token, Timeout: Timeout}
+	if clock, ok := c.f.(ClockFixture); ok {
+		settings.Now = clock.Now
+	}
+	client, err := adapters.New(settings)
 	if err != nil {
 		c.noCredential(err)
 		c.fatalf("the registry cannot build the adapter: %v", err)

@@ -25,6 +25,7 @@ import (
 	"regexp"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -99,6 +100,7 @@ type Server struct {
 	url  string
 
 	mu         sync.Mutex
+	aged       atomic.Int64      // ns added to opts.Now by PassWindow
 	events     map[string]*Event // by transaction_id
 	order      []string
 	effects    map[string]int
@@ -184,7 +186,7 @@ func (s *Server) Provider() (*hooksv1alpha1.BillingProvider, string) {
 func (s *Server) Charge(key string) billing.Request {
 	return billing.Request{SettlementKey: "default/" + key, IdempotencyKey: key, Type: billing.TypeCharge,
 		Customer: "cus_" + key, Usage: &billing.Usage{Meter: DefaultMeter, Quantity: "1523", Unit: "tokens"},
-		OccurredAt: s.opts.Now().Add(-time.Minute).UTC().Truncate(time.Second), KeyNamespaced: true}
+		OccurredAt: s.now().Add(-time.Minute).UTC().Truncate(time.Second), KeyNamespaced: true}
 }
 
 // Effects is how many events the fake ingested under key (0 or 1: it deduplicates).
@@ -330,7 +332,7 @@ func (s *Server) validate(batch []wireEvent) string {
 	if len(batch) == 0 || len(batch) > MaxBatch {
 		return fmt.Sprintf("a batch holds 1 to %d usage events", MaxBatch)
 	}
-	now := s.opts.Now()
+	now := s.now()
 	for i, e := range batch {
 		switch {
 		case e.TransactionID == "" || len(e.TransactionID) > 128:
@@ -360,7 +362,7 @@ func (s *Server) validate(batch []wireEvent) string {
 func (s *Server) commit(batch []wireEvent) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.opts.Now()
+	now := s.now()
 	var dups []string
 	for _, e := range batch {
 		if held, ok := s.events[e.TransactionID]; ok && now.Sub(held.AcceptedAt) <= Window {
@@ -420,7 +422,7 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 		writeJSONLocked(w, status, map[string]string{"message": http.StatusText(status)})
 		return
 	}
-	now := s.opts.Now()
+	now := s.now()
 	out := []searchedEvent{}
 	for _, id := range body.TransactionIDs {
 		e, ok := s.events[id]

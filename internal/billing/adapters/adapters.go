@@ -24,6 +24,9 @@ type Settings struct {
 	Provider *hooksv1alpha1.BillingProvider
 	Token    string
 	Timeout  time.Duration
+	// Now is the clock an adapter measures its provider's windows on (time.Now when
+	// nil); a test moves it to pass a window.
+	Now func() time.Time
 }
 
 // Factory builds an adapter, validating everything it reads from the spec so a bad
@@ -90,7 +93,7 @@ func newStripe(s Settings) (billing.Client, error) {
 			meters[m.Meter] = meter
 		}
 	}
-	return stripebilling.New(stripebilling.Config{Endpoint: s.Provider.Spec.Endpoint, APIKey: s.Token, Timeout: s.Timeout, Meters: meters})
+	return stripebilling.New(stripebilling.Config{Endpoint: s.Provider.Spec.Endpoint, APIKey: s.Token, Timeout: s.Timeout, Meters: meters, Now: s.Now})
 }
 
 // Capabilities is what the provider of bp's type can answer about r (docs/design.md

@@ -10,7 +10,7 @@ import (
 // (code and field_name), and the grace period within which usage is dated at the job's
 // completion.
 func newLago(s Settings) (billing.Client, error) {
-	cfg := lagobilling.Config{Endpoint: s.Provider.Spec.Endpoint, APIKey: s.Token, Timeout: s.Timeout, Metrics: map[string]lagobilling.Metric{}}
+	cfg := lagobilling.Config{Endpoint: s.Provider.Spec.Endpoint, APIKey: s.Token, Timeout: s.Timeout, Now: s.Now, Metrics: map[string]lagobilling.Metric{}}
 	if l := s.Provider.Spec.Lago; l != nil {
 		for _, m := range l.Metrics {
 			cfg.Metrics[m.Meter] = lagobilling.Metric{Code: m.Code, FieldName: m.FieldName}

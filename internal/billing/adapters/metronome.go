@@ -8,5 +8,5 @@ import (
 // newMetronome builds the Metronome adapter from spec.metronome: each usage meter's
 // event type and the property that carries its quantity.
 func newMetronome(s Settings) (billing.Client, error) {
-	return metronomebilling.FromProvider(s.Provider, s.Token, s.Timeout)
+	return metronomebilling.FromProvider(s.Provider, s.Token, s.Timeout, s.Now)
 }

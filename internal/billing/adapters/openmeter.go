@@ -25,7 +25,7 @@ func newOpenMeter(s Settings) (billing.Client, error) {
 	for _, m := range om.Meters {
 		meters[m.Meter] = openmeterbilling.Meter{EventType: m.EventType, ValueProperty: m.ValueProperty}
 	}
-	return openmeterbilling.New(openmeterbilling.Config{Endpoint: s.Provider.Spec.Endpoint, Token: s.Token, Timeout: s.Timeout,
+	return openmeterbilling.New(openmeterbilling.Config{Endpoint: s.Provider.Spec.Endpoint, Token: s.Token, Timeout: s.Timeout, Now: s.Now,
 		Source: source, Meters: meters, Deduplication: openMeterDeduplication(s.Provider)})
 }
 
