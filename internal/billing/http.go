@@ -176,7 +176,7 @@ type wireList struct {
 // invalidRequest reports input the provider would reject on every attempt; it is found
 // before anything is sent, so the class is Terminal and the outcome certain.
 func invalidRequest(format string, args ...any) *Error {
-	return &Error{Class: Terminal, Code: "invalid_request", Message: fmt.Sprintf(format, args...)}
+	return &Error{Class: Terminal, Code: "invalid_request", Local: true, Message: fmt.Sprintf(format, args...)}
 }
 
 // validKey reports whether a key can travel in a header and a URL path unchanged.
@@ -229,7 +229,7 @@ func encodeRequest(r Request) ([]byte, error) {
 	}
 	body, err := json.Marshal(w)
 	if err != nil {
-		return nil, &Error{Class: Terminal, Code: "invalid_request", Message: "cannot encode the request", Err: err}
+		return nil, &Error{Class: Terminal, Code: "invalid_request", Local: true, Message: "cannot encode the request", Err: err}
 	}
 	return body, nil
 }
@@ -308,7 +308,7 @@ func (c *httpClient) newRequest(ctx context.Context, method, path string, body [
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.endpoint+path, rd)
 	if err != nil {
-		return nil, &Error{Class: Terminal, Code: "invalid_request", Message: "cannot build the request", Err: err}
+		return nil, &Error{Class: Terminal, Code: "invalid_request", Local: true, Message: "cannot build the request", Err: err}
 	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", "settlement-operator")

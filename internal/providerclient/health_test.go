@@ -92,3 +92,22 @@ func TestProviderHealth(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTPRefusalBeforeSendingSaysNothingAboutTheProvider: a request the HTTP adapter
+// refuses before sending anything (an empty settlement key) is that settlement's
+// story, not the provider's health.
+func TestHTTPRefusalBeforeSendingSaysNothingAboutTheProvider(t *testing.T) {
+	bp := &hooksv1alpha1.BillingProvider{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "billing", UID: "u1"},
+		Spec: hooksv1alpha1.BillingProviderSpec{Endpoint: "https://127.0.0.1:1"}}
+	c, err := billing.NewHTTP(billing.HTTPConfig{Endpoint: bp.Spec.Endpoint, Token: "t", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Submit(t.Context(), billing.Request{IdempotencyKey: "k", Type: billing.TypeCharge})
+	if err == nil {
+		t.Fatal("a request without a settlement key was sent")
+	}
+	if reason, msg := healthOf(bp, err); reason != "" {
+		t.Fatalf("a refusal made before sending set the provider's health to %s: %s", reason, msg)
+	}
+}

@@ -207,17 +207,17 @@ func (c *Client) Submit(ctx context.Context, r billing.Request) (billing.Record,
 	defer cancel()
 	switch {
 	case r.Amount != nil && r.Amount.Minor < 0:
-		return billing.Record{}, terminal("negative_amount", "an amount is never negative: a refund's amount is what is given back")
+		return billing.Record{}, refused("negative_amount", "an amount is never negative: a refund's amount is what is given back")
 	case r.Usage != nil && r.Amount != nil:
-		return billing.Record{}, terminal("usage_and_amount", "a Stripe settlement is either usage (a meter event) or an amount (an invoice item), not both")
+		return billing.Record{}, refused("usage_and_amount", "a Stripe settlement is either usage (a meter event) or an amount (an invoice item), not both")
 	case r.Type == billing.TypeCharge && r.Usage != nil:
 		return c.meterEvent(ctx, r)
 	case r.Type == billing.TypeCharge && r.Amount != nil:
 		return c.invoiceItem(ctx, r, false)
 	case r.Type == billing.TypeCharge:
-		return billing.Record{}, terminal("nothing_to_charge", "a charge needs usage or an amount")
+		return billing.Record{}, refused("nothing_to_charge", "a charge needs usage or an amount")
 	case r.Reverses == "" || r.ReversesRef == "":
-		return billing.Record{}, terminal("reverses_unknown", "a refund or void needs the charge it reverses and that charge's Stripe reference")
+		return billing.Record{}, refused("reverses_unknown", "a refund or void needs the charge it reverses and that charge's Stripe reference")
 	case isMeterEventRef(r.ReversesRef) && r.Amount == nil:
 		return c.cancelMeterEvent(ctx, r)
 	case r.Type == billing.TypeRefund && r.Amount != nil:
@@ -226,7 +226,7 @@ func (c *Client) Submit(ctx context.Context, r billing.Request) (billing.Record,
 	case r.Type == billing.TypeVoid && strings.HasPrefix(r.ReversesRef, "ii_"):
 		return c.deleteInvoiceItem(ctx, r)
 	}
-	return billing.Record{}, terminal("unsupported_compensation",
+	return billing.Record{}, refused("unsupported_compensation",
 		fmt.Sprintf("a %s of %s cannot be expressed in Stripe: void a meter event or an uninvoiced invoice item, or refund an amount (a credit)", r.Type, r.ReversesRef))
 }
 
@@ -283,7 +283,7 @@ func WholeQuantity(q string) (string, error) {
 func (c *Client) meter(name string) (Meter, error) {
 	m, ok := c.meters[name]
 	if !ok {
-		return Meter{}, terminal("unknown_meter", fmt.Sprintf("no Stripe meter is configured for usage meter %q (spec.stripe.meters)", name))
+		return Meter{}, refused("unknown_meter", fmt.Sprintf("no Stripe meter is configured for usage meter %q (spec.stripe.meters)", name))
 	}
 	return m, nil
 }
@@ -295,7 +295,7 @@ func (c *Client) meterEvent(ctx context.Context, r billing.Request) (billing.Rec
 	}
 	value, err := WholeQuantity(r.Usage.Quantity)
 	if err != nil {
-		return billing.Record{}, terminal("fractional_quantity", err.Error())
+		return billing.Record{}, refused("fractional_quantity", err.Error())
 	}
 	p := &stripe.BillingMeterEventCreateParams{
 		EventName:  stripe.String(m.EventName),
@@ -305,12 +305,12 @@ func (c *Client) meterEvent(ctx context.Context, r billing.Request) (billing.Rec
 	if !r.OccurredAt.IsZero() {
 		now := c.cfg.Now()
 		if now.Sub(r.OccurredAt) > MaxEventAge {
-			return billing.Record{}, terminal("event_too_old", fmt.Sprintf(
+			return billing.Record{}, refused("event_too_old", fmt.Sprintf(
 				"the usage happened at %s, more than Stripe's 35 days ago: Stripe refuses meter events that old; unless an earlier attempt may have reached Stripe, bill it as an amount (an invoice item) instead",
 				r.OccurredAt.UTC().Format(time.RFC3339)))
 		}
 		if r.OccurredAt.Sub(now) > MaxFuture {
-			return billing.Record{}, terminal("event_in_future", "the usage time is more than 5 minutes ahead of this clock; Stripe refuses it")
+			return billing.Record{}, refused("event_in_future", "the usage time is more than 5 minutes ahead of this clock; Stripe refuses it")
 		}
 		p.Timestamp = stripe.Int64(r.OccurredAt.Unix())
 	}
@@ -355,7 +355,7 @@ func meterRecord(r billing.Request, m Meter, value, identifier string) billing.R
 func (c *Client) cancelMeterEvent(ctx context.Context, r billing.Request) (billing.Record, error) {
 	identifier := strings.TrimPrefix(r.ReversesRef, "meter_event:")
 	if r.Usage == nil {
-		return billing.Record{}, terminal("usage_required", "cancelling a meter event needs the usage it reverses")
+		return billing.Record{}, refused("usage_required", "cancelling a meter event needs the usage it reverses")
 	}
 	m, err := c.meter(r.Usage.Meter)
 	if err != nil {
@@ -393,7 +393,7 @@ func (c *Client) invoiceItem(ctx context.Context, r billing.Request, credit bool
 		if _, unitErr := unitOf(strings.ToUpper(r.Amount.Currency)); unitErr != nil {
 			code = "currency_unit_unknown"
 		}
-		return billing.Record{}, terminal(code, err.Error())
+		return billing.Record{}, refused(code, err.Error())
 	}
 	if credit {
 		minor = -minor
@@ -404,7 +404,7 @@ func (c *Client) invoiceItem(ctx context.Context, r billing.Request, credit bool
 	}
 	for _, k := range []string{MetaSettlementKey, MetaIdempotencyKey, MetaType, MetaReverses} {
 		if _, taken := md[k]; taken {
-			return billing.Record{}, terminal("metadata_key_reserved", fmt.Sprintf("metadata key %q is the adapter's own", k))
+			return billing.Record{}, refused("metadata_key_reserved", fmt.Sprintf("metadata key %q is the adapter's own", k))
 		}
 	}
 	md[MetaSettlementKey], md[MetaIdempotencyKey], md[MetaType] = r.SettlementKey, r.IdempotencyKey, r.Type
@@ -696,7 +696,7 @@ func (c *Client) UsageTotal(ctx context.Context, meter, customer string, start, 
 			Message: fmt.Sprintf("spec.stripe.meters has no id (mtr_...) for usage meter %q: Stripe's totals cannot be read without it", meter)}
 	}
 	if start.Truncate(time.Minute) != start || end.Truncate(time.Minute) != end || !end.After(start) {
-		return "", terminal("window_not_whole_minutes", "a meter event summary covers whole minutes, start before end")
+		return "", refused("window_not_whole_minutes", "a meter event summary covers whole minutes, start before end")
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
@@ -820,6 +820,14 @@ func stripeError(err error) *stripe.Error {
 
 func terminal(code, msg string) *billing.Error {
 	return &billing.Error{Class: billing.Terminal, Code: code, Message: msg}
+}
+
+// refused is a terminal refusal made before anything was sent to Stripe (Local: it
+// says nothing about Stripe's health).
+func refused(code, msg string) *billing.Error {
+	e := terminal(code, msg)
+	e.Local = true
+	return e
 }
 
 // classify turns a stripe-go error into the operator's three classes, once

@@ -260,6 +260,9 @@ func TestMeterEventExactlyOnce(t *testing.T) {
 			if e.Class != billing.Terminal || e.Code != tc.code {
 				t.Fatalf("%s: got %+v", tc.code, e)
 			}
+			if !e.Local {
+				t.Fatalf("%s: a refusal made before sending is not marked Local, so provider health reads it as the endpoint failing", tc.code)
+			}
 		}
 		if n := len(fake.Requests()); n != 0 {
 			t.Fatalf("%d requests reached Stripe, want 0", n)
