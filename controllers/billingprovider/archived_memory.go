@@ -24,9 +24,13 @@ import (
 // no longer hold what was compared — it is found behind or unavailable, is held or
 // released, a person confirms a restore, or its insert counter, which only grows, is
 // lower than a pass read before (a restore to an earlier point the watermark did not
-// catch): then everything is forgotten. A record not listed for an hour past the
-// overlap is forgotten, and a deleted BillingProvider's records with it. It lives in
-// memory: after a restart or a change of leader the first pass compares everything again.
+// catch): then everything is forgotten. A walk of the provider's listing that ends
+// forgets the records it did not list: they left the window, and the windows only move
+// forward, so no later walk lists them (the memory holds one window of records, not every
+// record ever archived). A record not listed for an hour past the overlap is forgotten
+// too (walks cut short for ever), and a deleted BillingProvider's records with it. It
+// lives in memory: after a restart or a change of leader the first pass compares
+// everything again.
 type archivedMemory struct {
 	mu         sync.Mutex
 	byProvider map[types.UID]*archivedClean
@@ -105,6 +109,23 @@ func (m *archivedMemory) prune(uid types.UID, before time.Time) {
 			}
 		}
 	}
+}
+
+// walkEnded forgets the provider's records that a walk of its listing, started at
+// started and now ended, did not list: every record the walk listed was marked seen at
+// or after its start.
+func (m *archivedMemory) walkEnded(uid types.UID, started time.Time) {
+	m.prune(uid, started)
+}
+
+// size is how many records are remembered for the provider.
+func (m *archivedMemory) size(uid types.UID) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c := m.byProvider[uid]; c != nil {
+		return len(c.seen)
+	}
+	return 0
 }
 
 // drop forgets one provider (it was deleted).

@@ -1,6 +1,7 @@
 package billingprovider
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -65,5 +66,45 @@ func TestArchivedMemoryForgetsWhatAChangedArchiveMayNotHold(t *testing.T) {
 	m.prune(uid, now.Add(time.Second))
 	if m.clean(uid, gen, rec, now) {
 		t.Fatal("a record no pass listed since the cut-off must be forgotten")
+	}
+}
+
+// TestArchivedMemoryHoldsOneWindow: the memory keeps the records of the provider's
+// listing window, not every record ever archived. A walk that ends forgets what it did not
+// list (those records left the window, and windows only move forward), and keeps what it
+// listed, in whichever of its passes; at a steady rate the memory stays at one window.
+func TestArchivedMemoryHoldsOneWindow(t *testing.T) {
+	const uid, gen = types.UID("bp-1"), int64(1)
+	start := time.Date(2026, 12, 6, 8, 0, 0, 0, time.UTC)
+	var m archivedMemory
+	rec := func(i int) billing.Record {
+		return billing.Record{ID: fmt.Sprintf("st_%d", i), Status: billing.StatusSettled, IdempotencyKey: fmt.Sprintf("k%d", i)}
+	}
+	const perPass, window = 10, 3 // records archived per pass; passes a record stays listed
+	next := 0
+	for pass := 0; pass < 50; pass++ {
+		now := start.Add(time.Duration(pass) * 5 * time.Second)
+		for i := 0; i < perPass; i++ { // newly archived records, compared once
+			m.remember(uid, gen, rec(next), now)
+			next++
+		}
+		for i := max(0, next-window*perPass); i < next-perPass; i++ { // listed again, still in the window
+			if !m.clean(uid, gen, rec(i), now) {
+				t.Fatalf("pass %d: record %d, listed in every pass of the window, was forgotten", pass, i)
+			}
+		}
+		m.walkEnded(uid, now)
+		if n := m.size(uid); n > window*perPass {
+			t.Fatalf("pass %d: %d records remembered, want at most one window (%d)", pass, n, window*perPass)
+		}
+	}
+
+	// A walk cut into several passes keeps what any of its passes listed.
+	walk := start.Add(time.Hour)
+	m.remember(uid, gen, rec(1000), walk)
+	m.remember(uid, gen, rec(1001), walk.Add(5*time.Second))
+	m.walkEnded(uid, walk)
+	if !m.clean(uid, gen, rec(1000), walk) || !m.clean(uid, gen, rec(1001), walk) {
+		t.Fatal("a record listed in any pass of the ended walk must be kept")
 	}
 }

@@ -176,6 +176,8 @@ func (r *Reconciler) compareProvider(ctx context.Context, bp *hooksv1alpha1.Bill
 		pages++
 		if next == "" {
 			p.listedAll = true
+			// What this walk did not list left the window for good.
+			r.archived.walkEnded(bp.UID, p.walkStarted)
 			break
 		}
 		if pages >= r.maxListPages() {
