@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -498,9 +499,10 @@ func (b *run) archivePhase(ctx context.Context, bin string) (err error) {
 					cpu = fmt.Sprintf("%.0f ms", used*1000/float64(d))
 				}
 			}
-			b.logf("item 6: %d/%d sent, %d processed, backlog %d, live WE/JC/BS %d/%d/%d, etcd %s compacted (%s raw), RSS %s, PG %s, CPU/processed event %s",
+			b.logf("item 6: %d/%d sent, %d processed, backlog %d, live WE/JC/BS %d/%d/%d, etcd %s compacted (%s raw), RSS %s, live heap %s, PG %s, CPU/processed event %s",
 				s.Sent, n, s.Processed, s.Backlog, s.LiveObjects["WebhookEvent"], s.LiveObjects["JobCompletion"],
-				s.LiveObjects["BillingSettlement"], mib(s.EtcdCompactedBytes), mib(s.EtcdRawInUseBytes), mib(s.RSSBytes), mib(s.PostgresBytes), cpu)
+				s.LiveObjects["BillingSettlement"], mib(s.EtcdCompactedBytes), mib(s.EtcdRawInUseBytes), mib(s.RSSBytes), mib(s.LiveHeapBytes),
+				mib(s.PostgresBytes), cpu)
 			for nextSample <= sent {
 				nextSample += every
 			}
@@ -829,6 +831,25 @@ type sampler struct {
 	prevHistorySum int64
 }
 
+// liveHeap forces a collection in the manager and reads its heap allocated right
+// after (what is live, without the garbage the collector's headroom lets pile up
+// between collections, which go_memstats_heap_inuse_bytes includes); the heap
+// profile that comes with it is kept in the profile directory as
+// manager-heap-NN.txt (`go tool pprof -base manager-heap-01.txt manager-heap-NN.txt`).
+func (s *sampler) liveHeap(ctx context.Context, n int) (int64, error) {
+	body, err := get(ctx, http.DefaultClient, s.op.PprofURL+"/debug/pprof/heap?gc=1&debug=1")
+	if err != nil {
+		return 0, fmt.Errorf("read the manager's heap profile: %w", err)
+	}
+	_ = os.WriteFile(filepath.Join(s.b.profileDir(), fmt.Sprintf("manager-heap-%02d.txt", n)), body, 0o644)
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(line, "# HeapAlloc = "); ok {
+			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("the manager's heap profile carries no HeapAlloc")
+}
+
 // take reads, in this order: the tracker, the manager's RSS and heap, etcd's size as
 // the writes left it (raw), etcd after a compaction to the current revision and a
 // defragmentation (compacted), the live objects per kind, PostgreSQL's tables and the
@@ -875,6 +896,9 @@ func (s *sampler) take(ctx context.Context, label string) (ArchiveSample, error)
 		sm.StackInuseBytes = int64(sum(ms, "go_memstats_stack_inuse_bytes", nil))
 		sm.HeapIdleBytes = int64(sum(ms, "go_memstats_heap_idle_bytes", nil) - sum(ms, "go_memstats_heap_released_bytes", nil))
 		sm.Goroutines = int(sum(ms, "go_goroutines", nil))
+	}
+	if sm.LiveHeapBytes, err = s.liveHeap(ctx, len(s.out)); err != nil {
+		return sm, err
 	}
 	before, after, compact, defrag, err := s.b.probe.compactDefrag(ctx)
 	if err != nil {
@@ -1097,6 +1121,7 @@ func (a *ArchivePhase) summarize(ds []*arcDelivery, n int) {
 	a.Slopes = ArchiveSlopes{
 		RSSBytes:             slope(func(s ArchiveSample) float64 { return float64(s.RSSBytes) }),
 		HeapInuseBytes:       slope(func(s ArchiveSample) float64 { return float64(s.HeapInuseBytes) }),
+		LiveHeapBytes:        slope(func(s ArchiveSample) float64 { return float64(s.LiveHeapBytes) }),
 		StackInuseBytes:      slope(func(s ArchiveSample) float64 { return float64(s.StackInuseBytes) }),
 		HeapIdleBytes:        slope(func(s ArchiveSample) float64 { return float64(s.HeapIdleBytes) }),
 		Goroutines:           slope(func(s ArchiveSample) float64 { return float64(s.Goroutines) }),

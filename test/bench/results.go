@@ -427,6 +427,9 @@ type ArchiveSample struct {
 	RSSBytes       int64 `json:"rssBytes"`
 	PeakRSSBytes   int64 `json:"peakRSSBytes"`
 	HeapInuseBytes int64 `json:"heapInuseBytes"`
+	// LiveHeapBytes is the heap allocated right after a forced collection: what the
+	// manager holds, without the garbage heap in use carries between collections.
+	LiveHeapBytes int64 `json:"liveHeapBytes,omitempty"`
 	// StackInuseBytes, HeapIdleBytes (idle spans not yet returned to the OS) and
 	// Goroutines say where RSS goes that the heap does not hold.
 	StackInuseBytes int64 `json:"stackInuseBytes,omitempty"`
@@ -473,6 +476,7 @@ type Slope struct {
 type ArchiveSlopes struct {
 	RSSBytes        Slope `json:"rssBytes"`
 	HeapInuseBytes  Slope `json:"heapInuseBytes"`
+	LiveHeapBytes   Slope `json:"liveHeapBytes"`
 	StackInuseBytes Slope `json:"stackInuseBytes"`
 	HeapIdleBytes   Slope `json:"heapIdleNotReleasedBytes"`
 	Goroutines      Slope `json:"goroutines"`
@@ -749,7 +753,7 @@ func (a *ArchivePhase) print(w io.Writer) {
 	fmt.Fprintf(w, "  load: target %s/s (%.2f of sustainable), ended at %s/s after %d cuts; offered %s/s; 429/503 %d/%d; failed %d; not archived %d\n",
 		f1(a.TargetPerSecond), a.LoadFraction, f1(a.FinalTargetPerSecond), a.RateCuts, f1(a.OfferedPerSecond),
 		a.Retried429, a.Retried503, a.Failed, a.Unprocessed)
-	fmt.Fprintf(w, "  sample\tprocessed\tbacklog\tlive WE/JC/BS\tEvents\tetcd raw in use\tetcd compacted\trecords in etcd\tRSS\theap in use\tPostgreSQL\tpass s (truncated, needs review)\tlisted-until lag s\n")
+	fmt.Fprintf(w, "  sample\tprocessed\tbacklog\tlive WE/JC/BS\tEvents\tetcd raw in use\tetcd compacted\trecords in etcd\tRSS\theap in use\tlive heap\tPostgreSQL\tpass s (truncated, needs review)\tlisted-until lag s\n")
 	var load []int
 	for i, s := range a.Samples {
 		if s.Label == "load" && s.Seconds >= a.FitFromSeconds {
@@ -761,9 +765,9 @@ func (a *ArchivePhase) print(w io.Writer) {
 		if p := s.LastPass; p != nil {
 			pass = fmt.Sprintf("%.1f (%v, %d)", p.Seconds, p.Truncated, p.NeedsReview)
 		}
-		fmt.Fprintf(w, "  %s\t%d\t%d\t%d/%d/%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\n", name, s.Processed, s.Backlog,
+		fmt.Fprintf(w, "  %s\t%d\t%d\t%d/%d/%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\n", name, s.Processed, s.Backlog,
 			s.LiveObjects["WebhookEvent"], s.LiveObjects["JobCompletion"], s.LiveObjects["BillingSettlement"], s.LiveObjects["Event"],
-			mib(s.EtcdRawInUseBytes), mib(s.EtcdCompactedBytes), mib(s.LiveRecordBytes), mib(s.RSSBytes), mib(s.HeapInuseBytes),
+			mib(s.EtcdRawInUseBytes), mib(s.EtcdCompactedBytes), mib(s.LiveRecordBytes), mib(s.RSSBytes), mib(s.HeapInuseBytes), mib(s.LiveHeapBytes),
 			mib(s.PostgresBytes), pass, s.ListedUntilLagSeconds)
 	}
 	for i, s := range a.Samples {
@@ -788,6 +792,7 @@ func (a *ArchivePhase) print(w io.Writer) {
 		s    Slope
 	}{
 		{"manager RSS (B)", sl.RSSBytes}, {"manager heap in use (B)", sl.HeapInuseBytes},
+		{"manager live heap, after a forced GC (B)", sl.LiveHeapBytes},
 		{"manager stacks in use (B)", sl.StackInuseBytes}, {"manager idle heap not returned (B)", sl.HeapIdleBytes},
 		{"manager goroutines", sl.Goroutines},
 		{"etcd, compacted + defragmented (B)", sl.EtcdCompactedBytes},
