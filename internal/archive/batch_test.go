@@ -177,3 +177,50 @@ func TestArchiveBatchNotReady(t *testing.T) {
 		}
 	}
 }
+
+// A batch's statements are not kept as prepared statements: their text differs with
+// every batch size (one row of placeholders per record), so caching them would keep up
+// to a connection's whole statement cache of them, each holding its SQL and
+// description, in the manager and in PostgreSQL's backend — memory that grows with
+// every new size a batch happens to have. Batches of new sizes leave the connection's
+// prepared statements as they were.
+func TestArchiveBatchesOfNewSizesPrepareNothingMore(t *testing.T) {
+	ctx := context.Background()
+	name := fmt.Sprintf("t%d", dbs.Add(1))
+	if err := server.CreateDatabase(name); err != nil {
+		t.Fatal(err)
+	}
+	s, err := archive.Open(archive.Config{URL: server.URL(name), MaxConns: 1}) // one connection: its statements are the store's
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next := 0
+	batches := func(from, to int) int {
+		for size := from; size <= to; size++ {
+			var recs []archive.Record
+			for range size {
+				ev, jc, bs := happyPath(next)
+				next++
+				recs = append(recs, archive.EventRecord(ev), archive.JobRecord(jc), archive.SettlementRecord(bs))
+			}
+			for i, err := range s.ArchiveBatch(ctx, recs) {
+				if err != nil {
+					t.Fatalf("batch of %d: record %d: %v", size, i, err)
+				}
+			}
+		}
+		var prepared int
+		if err := s.QueryRowForTest(ctx, `SELECT count(*) FROM pg_prepared_statements`, &prepared); err != nil {
+			t.Fatal(err)
+		}
+		return prepared
+	}
+	before := batches(2, 6)
+	if after := batches(7, 16); after != before {
+		t.Fatalf("batches of 10 new sizes took the connection's prepared statements from %d to %d", before, after)
+	}
+}
