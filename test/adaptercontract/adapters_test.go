@@ -23,10 +23,7 @@ var fixtures = []fixture{
 	{"stripe-usage", fakestripe.UsageContractFixture, nil},
 	{"stripe-amount", fakestripe.AmountContractFixture, nil},
 	{"lago", started(fakelago.Start, fakelago.Options{}), nil},
-	{"metronome", started(fakemetronome.Start, fakemetronome.Options{}), []adaptercontract.Option{
-		adaptercontract.KnownGap("reconciliation finds the charge", metronomeNoListing),
-		adaptercontract.KnownGap("many charges", metronomeNoListing),
-	}},
+	{"metronome", started(fakemetronome.Start, fakemetronome.Options{}), nil},
 	{"openmeter", started(fakeopenmeter.Start, fakeopenmeter.Options{Token: fakeopenmeter.Token}), nil},
 	{"openmeter-dedup", started(fakeopenmeter.Start, fakeopenmeter.Options{Token: fakeopenmeter.Token, Deduplication: 24 * time.Hour}), nil},
 }
@@ -43,10 +40,6 @@ func started[F adaptercontract.Fixture, O any](start func(O) (F, error), opts O)
 		return f
 	}
 }
-
-// metronomeNoListing: the Metronome adapter's List answers nothing, and it totals no
-// usage instead (billing.UsageTotaler): reconciliation cannot read a charge back.
-const metronomeNoListing = "List returns no records (Metronome's events search finds events by transaction ID only) and the adapter totals no usage instead"
 
 type fixture struct {
 	name string
