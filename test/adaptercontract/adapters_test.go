@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/test/adaptercontract"
 	"github.com/settlement-operator/settlement-operator/test/fakebilling"
 	"github.com/settlement-operator/settlement-operator/test/fakelago"
@@ -77,6 +78,8 @@ var broken = map[string]struct {
 	row, says string
 	gaps      []adaptercontract.Option
 	passes    bool
+	// kind is the fixture's provider type as the contract names it (HTTP when empty).
+	kind string
 }{
 	"refusal-answered-as-outage-a-known-gap": {new: wrapHTTP(func(w *wrapped) { w.refusedAs = adaptercontract.Unavailable }),
 		row: "refused", says: "fails, a known gap: refusals answered as outages",
@@ -94,6 +97,8 @@ var broken = map[string]struct {
 		row: "a lookup the platform fails", says: "without an error"},
 	"rate-limit-wait-lost": {new: wrapHTTP(func(w *wrapped) { w.retryAfter = 30 * time.Second }),
 		row: "rate limited", says: "carries RetryAfter 2s"},
+	"usage-total-misses-the-charge": {new: totalsMissCharges, kind: "Metronome",
+		row: "reconciliation finds the charge", says: "want the charge's 1523"},
 }
 
 // The contract is no test that cannot fail: run in a child process against each broken
@@ -114,7 +119,11 @@ func TestTheContractFailsBrokenFakes(t *testing.T) {
 			case !b.passes && !strings.Contains(string(out), "--- FAIL: TestAdapterContract/"+name+"/"):
 				t.Fatalf("the contract fails %s, but not in a subtest of it:\n%s", name, out)
 			}
-			if !strings.Contains(string(out), b.row+" [HTTP fixture "+name+"]") || !strings.Contains(string(out), b.says) {
+			kind := b.kind
+			if kind == "" {
+				kind = "HTTP"
+			}
+			if !strings.Contains(string(out), b.row+" ["+kind+" fixture "+name+"]") || !strings.Contains(string(out), b.says) {
 				t.Fatalf("the contract's output for %s does not say, in row %q, %q:\n%s", name, b.row, b.says, out)
 			}
 		})
@@ -170,4 +179,22 @@ func (w *wrapped) RetryAfter() time.Duration {
 		return w.retryAfter
 	}
 	return w.Fixture.(adaptercontract.RetryAfterFixture).RetryAfter()
+}
+
+// missingTotals is the Metronome fake whose usage totals leave out what was charged.
+type missingTotals struct{ *fakemetronome.Server }
+
+// Charge makes the next usage answer 0, whatever the events add up to.
+func (m missingTotals) Charge(key string) billing.Request {
+	m.AnswerUsageValue("0")
+	return m.Server.Charge(key)
+}
+
+func totalsMissCharges(t *testing.T) adaptercontract.Fixture {
+	f, err := fakemetronome.Start(fakemetronome.Options{})
+	if err != nil {
+		t.Fatalf("start the fake: %v", err)
+	}
+	t.Cleanup(f.Close)
+	return missingTotals{f}
 }
