@@ -17,6 +17,8 @@
 //   - an event is found again by transaction ID through POST /v1/events/search, which
 //     covers events of the last 34 days: that is the lookup, and billing.Match compares
 //     what it returns;
+//   - reconciliation compares usage totals per customer and billable metric (POST
+//     /v1/usage, UsageTotal in totals.go), since Metronome lists no events by time;
 //   - Metronome bills usage only, and offers no deletion or negation of an ingested
 //     event: an amount, a refund and a void are refused unsent, terminally, saying
 //     what a human does instead.
