@@ -139,7 +139,7 @@ func (c *Client) UsageTotal(ctx context.Context, meter, customer string, start, 
 				Message: "Metronome's usage answer could not be read"}
 		}
 		for _, d := range a.Data {
-			if d.CustomerID != customerID || !strings.EqualFold(d.BillableMetricID, m.BillableMetricID) {
+			if !strings.EqualFold(d.CustomerID, customerID) || !strings.EqualFold(d.BillableMetricID, m.BillableMetricID) {
 				continue // not asked for: never counted
 			}
 			v := d.Value.String()
@@ -245,19 +245,19 @@ func (c *Client) resolveAlias(ctx context.Context, alias string) (string, error)
 			}
 		}
 	}
-	more := a.NextPage != nil && *a.NextPage != ""
 	switch {
-	case len(ids) == 0 && !more:
-		return "", &billing.Error{Class: billing.Terminal, Unanswerable: true, Code: "alias_unknown",
-			Message: fmt.Sprintf("no Metronome customer has ingest alias %q: its usage events are not billed to anyone; add the alias to the customer in Metronome",
-				billing.Sanitize(alias, c.cfg.Token))}
-	case len(ids) > 1 || (len(ids) == 1 && more):
+	case len(ids) > 1:
 		return "", &billing.Error{Class: billing.Terminal, Unanswerable: true, Code: "alias_ambiguous",
 			Message: fmt.Sprintf("more than one Metronome customer answers to ingest alias %q: the customer its usage is billed to cannot be told",
 				billing.Sanitize(alias, c.cfg.Token))}
+	case a.NextPage != nil && *a.NextPage != "":
+		// Another page may hold another customer with the alias: one is not proven.
+		return "", &billing.Error{Class: billing.Terminal, Unanswerable: true, Code: "alias_ambiguous",
+			Message: fmt.Sprintf("Metronome's customer list for ingest alias %q runs past one page: whether one customer alone has it cannot be told",
+				billing.Sanitize(alias, c.cfg.Token))}
 	case len(ids) == 0:
 		return "", &billing.Error{Class: billing.Terminal, Unanswerable: true, Code: "alias_unknown",
-			Message: fmt.Sprintf("Metronome's customer list filtered by ingest alias %q names no customer with that alias on its first page",
+			Message: fmt.Sprintf("no Metronome customer has ingest alias %q: its usage events are not billed to anyone; add the alias to the customer in Metronome",
 				billing.Sanitize(alias, c.cfg.Token))}
 	}
 	var id string
