@@ -90,7 +90,8 @@ func (b *usageBounds) add(q *big.Rat, s usageSpan, start, end time.Time, skew ti
 }
 
 // compareUsageTotals compares a provider's usage totals per customer and meter (Stripe's
-// meter event summaries: meter events cannot be listed or read back one by one) with
+// meter event summaries: meter events cannot be listed or read back one by one;
+// Metronome's batched usage: its events cannot be listed by time) with
 // what the settlements in the cluster and in the archive sent, over a window that ends
 // lag before now (docs/design.md §13). Each settlement's time at the provider is known
 // only to lie between its first attempt and its answer, so the settlements give a range,

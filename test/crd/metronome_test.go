@@ -1,6 +1,8 @@
 package crd_test
 
 import (
+	"strings"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,5 +45,19 @@ var _ = Describe("a Metronome BillingProvider", func() {
 		twice := metronome("metronome-meter-twice")
 		twice.Spec.Metronome.Meters = append(twice.Spec.Metronome.Meters, hooksv1alpha1.MetronomeMeter{Meter: "tokens", EventType: "other"})
 		expectInvalid(k8s.Create(ctx, twice), "Duplicate value")
+
+		// billableMetricID: optional, a UUID, one usage meter per billable metric.
+		const metric = "3f6c2a8e-9b1d-4e57-a0c4-7d2e8f1b5a93"
+		withMetric := metronome("metronome-metric")
+		withMetric.Spec.Metronome.Meters[0].BillableMetricID = metric
+		Expect(k8s.Create(ctx, withMetric)).To(Succeed())
+		notUUID := metronome("metronome-metric-not-uuid")
+		notUUID.Spec.Metronome.Meters[0].BillableMetricID = "tokens-metric"
+		expectInvalid(k8s.Create(ctx, notUUID), "billableMetricID")
+		metricTwice := metronome("metronome-metric-twice")
+		metricTwice.Spec.Metronome.Meters[0].BillableMetricID = metric
+		metricTwice.Spec.Metronome.Meters = append(metricTwice.Spec.Metronome.Meters,
+			hooksv1alpha1.MetronomeMeter{Meter: "gpu", EventType: "gpu_seconds", BillableMetricID: strings.ToUpper(metric)})
+		expectInvalid(k8s.Create(ctx, metricTwice), "each Metronome billableMetricID is mapped from one usage meter only")
 	})
 })

@@ -10,10 +10,17 @@
 //     whatever the second holds — and answered 200 all the same;
 //   - POST /v1/events/search {"transactionIds": [...]} answers the events it holds
 //     under those IDs that are dated within the last 34 days;
+//   - POST /v1/usage (window_size NONE) answers, per customer and billable metric
+//     asked, the sum of the quantity property of the events it holds whose event_type
+//     the metric counts (Options.Metrics), dated in [starting_on, ending_before), for
+//     the customer under its ID or any of its ingest aliases (Options.Customers); null
+//     when there are none; paged through the next_page query parameter;
+//   - GET /v1/customers?ingest_alias= lists the customers with that ingest alias;
 //   - errors are {"message": "..."} with 400 (validation), 401 (no or a wrong bearer
 //     token), 429 (rate limited, Retry-After) and 500.
 //
-// Faults (adaptercontract.Fault) are shown on the next ingest requests.
+// Faults (adaptercontract.Fault) are shown on the next ingest requests; FailSearch,
+// FailUsage and FailCustomers fail the reads.
 package fakemetronome
 
 import (
@@ -50,7 +57,28 @@ const (
 	DefaultToken     = "metronome-test-token"
 	DefaultMeter     = "tokens"
 	DefaultEventType = "tokens_used"
+	// DefaultBillableMetricID is the billable metric that sums DefaultEventType's
+	// "quantity" when Options.Metrics is nil.
+	DefaultBillableMetricID = "6f1c7a52-3b0e-4d8a-9c1f-2e5b7d9a4c10"
+	// DefaultCustomerID is the customer known when Options.Customers is nil, under
+	// ingest alias DefaultCustomerAlias (the customer of Charge).
+	DefaultCustomerID    = "0b8e2f3c-5d41-4a7e-8f2b-9c6d1e0a7b34"
+	DefaultCustomerAlias = "cus_contract"
 )
+
+// Metric is a billable metric of the fake: it sums Property of the events of EventType.
+type Metric struct {
+	EventType string
+	// Property is the aggregated property ("quantity" when empty).
+	Property string
+}
+
+// Customer is a Metronome customer: its ID and the ingest aliases usage events may
+// name it by.
+type Customer struct {
+	ID            string
+	IngestAliases []string
+}
 
 // Options configures a fake.
 type Options struct {
@@ -66,6 +94,14 @@ type Options struct {
 	// search: Metronome processes ingested events asynchronously, so the search may not
 	// show an event it already holds (and deduplicates). 0 shows it at once.
 	SearchLag time.Duration
+	// Metrics are the billable metrics by ID (DefaultBillableMetricID counting
+	// DefaultEventType when nil).
+	Metrics map[string]Metric
+	// Customers are the customers (DefaultCustomerID under DefaultCustomerAlias when nil).
+	Customers []Customer
+	// UsagePages is how many pages a usage answer is split into, the earlier ones empty
+	// (1 when 0), so that a client that stops at the first page is seen.
+	UsagePages int
 }
 
 // Event is a usage event as the fake holds it.
@@ -108,6 +144,11 @@ type Server struct {
 	searches   int
 	faults     []adaptercontract.Fault
 	searchFail []int
+	usageFail  []int
+	custFail   []int
+	usageRaw   []string
+	usageReqs  []UsageRequest
+	custReqs   int
 	seq        int
 	hold       chan struct{}
 }
@@ -128,6 +169,15 @@ func Start(opts Options) (*Server, error) {
 	if opts.RetryAfter <= 0 {
 		opts.RetryAfter = time.Second
 	}
+	if opts.Metrics == nil {
+		opts.Metrics = map[string]Metric{DefaultBillableMetricID: {EventType: DefaultEventType}}
+	}
+	if opts.Customers == nil {
+		opts.Customers = []Customer{{ID: DefaultCustomerID, IngestAliases: []string{DefaultCustomerAlias}}}
+	}
+	if opts.UsagePages <= 0 {
+		opts.UsagePages = 1
+	}
 	ln, err := net.Listen("tcp", opts.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("fakemetronome: listen %s: %w", opts.Addr, err)
@@ -137,6 +187,8 @@ func Start(opts Options) (*Server, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/ingest", s.authorized(s.ingest))
 	mux.HandleFunc("POST /v1/events/search", s.authorized(s.search))
+	mux.HandleFunc("POST /v1/usage", s.authorized(s.usage))
+	mux.HandleFunc("GET /v1/customers", s.authorized(s.customers))
 	mux.HandleFunc("GET /_admin/effects", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, s.AllEffects()) })
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = s.srv.Serve(ln) }()
@@ -170,22 +222,24 @@ func (s *Server) Type() hooksv1alpha1.BillingProviderType {
 }
 
 // Provider is a Metronome BillingProvider pointed at the fake: usage meter
-// DefaultMeter reported as event type DefaultEventType, and the fake's token.
+// DefaultMeter reported as event type DefaultEventType, totalled by billable metric
+// DefaultBillableMetricID, and the fake's token.
 func (s *Server) Provider() (*hooksv1alpha1.BillingProvider, string) {
 	return &hooksv1alpha1.BillingProvider{
 		ObjectMeta: metav1.ObjectMeta{Name: "metronome", Namespace: "default"},
 		Spec: hooksv1alpha1.BillingProviderSpec{
 			Type: hooksv1alpha1.BillingProviderMetronome, Endpoint: s.url, AllowInsecureHTTP: true,
 			Metronome: &hooksv1alpha1.MetronomeSettings{Meters: []hooksv1alpha1.MetronomeMeter{
-				{Meter: DefaultMeter, EventType: DefaultEventType, QuantityProperty: "quantity"}}},
+				{Meter: DefaultMeter, EventType: DefaultEventType, QuantityProperty: "quantity", BillableMetricID: DefaultBillableMetricID}}},
 		},
 	}, s.opts.Token
 }
 
-// Charge is a usage charge of DefaultMeter under key, dated a minute ago.
+// Charge is a usage charge of DefaultMeter under key for DefaultCustomerAlias, dated a
+// minute ago: every charge is the same customer's, so their usage adds up in one total.
 func (s *Server) Charge(key string) billing.Request {
 	return billing.Request{SettlementKey: "default/" + key, IdempotencyKey: key, Type: billing.TypeCharge,
-		Customer: "cus_" + key, Usage: &billing.Usage{Meter: DefaultMeter, Quantity: "1523", Unit: "tokens"},
+		Customer: DefaultCustomerAlias, Usage: &billing.Usage{Meter: DefaultMeter, Quantity: "1523", Unit: "tokens"},
 		OccurredAt: s.now().Add(-time.Minute).UTC().Truncate(time.Second), KeyNamespaced: true}
 }
 

@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -172,5 +173,120 @@ var _ = Describe("a Metronome billing provider", func() {
 		Consistently(func() error { return k8s.Get(ctx, client.ObjectKeyFromObject(bs), &hooksv1alpha1.BillingSettlement{}) }).
 			WithTimeout(3*time.Second).Should(Succeed(), "held: Metronome holds the event")
 		Expect(lagging.Effects(bs.Spec.IdempotencyKey)).To(Equal(1))
+	})
+
+	// Metronome lists no events by time: the pass compares its usage totals per customer
+	// and billable metric (POST /v1/usage) with what the settlements sent, the customers
+	// named by ingest alias resolved to their Metronome IDs.
+	Describe("usage totals", func() {
+		const (
+			idA = "0a0a0a0a-1111-4222-8333-444444444444"
+			idB = "0b0b0b0b-1111-4222-8333-444444444444"
+		)
+		var totals *fakemetronome.Server
+		BeforeEach(func() {
+			var err error
+			totals, err = fakemetronome.Start(fakemetronome.Options{Customers: []fakemetronome.Customer{
+				{ID: idA, IngestAliases: []string{"cus_job-mt-total-a"}},
+				{ID: idB, IngestAliases: []string{"cus_job-mt-total-b"}},
+				{ID: "0c0c0c0c-1111-4222-8333-444444444444", IngestAliases: []string{"cus_job-mt-nometric"}},
+			}})
+			Expect(err).NotTo(HaveOccurred())
+			DeferCleanup(totals.Close)
+		})
+		reconciling := func(metricID string) func(*hooksv1alpha1.BillingProvider, *hooksv1alpha1.WebhookProvider) {
+			return func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+				bp.Spec.Metronome.Meters[0].BillableMetricID = metricID
+				bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{
+					Interval: &metav1.Duration{Duration: 2 * time.Second}, StuckAfter: &metav1.Duration{Duration: time.Hour}}
+			}
+		}
+		// reportsIn lists the reconciliation reports of ns.
+		reportsIn := func(ns string) []hooksv1alpha1.ReconciliationReport {
+			var l hooksv1alpha1.ReconciliationReportList
+			Expect(k8s.List(ctx, &l, client.InNamespace(ns))).To(Succeed())
+			return l.Items
+		}
+		// examined sums key over the completed reports of ns.
+		examined := func(ns, key string) func() int32 {
+			return func() int32 {
+				var n int32
+				for _, rr := range reportsIn(ns) {
+					if rr.Status.Phase == hooksv1alpha1.ReportCompleted {
+						n += rr.Status.Examined[key]
+					}
+				}
+				return n
+			}
+		}
+		usageFindings := func(ns string) []hooksv1alpha1.Discrepancy {
+			var out []hooksv1alpha1.Discrepancy
+			for _, rr := range reportsIn(ns) {
+				for _, d := range rr.Status.Items {
+					if d.Type == hooksv1alpha1.DiscrepancyUsageTotalMismatch {
+						out = append(out, d)
+					}
+				}
+			}
+			return out
+		}
+
+		It("reports usage at Metronome nobody here sent, and finds nothing where the totals agree", func() {
+			ns := metronomeTenant(totals, reconciling(fakemetronome.DefaultBillableMetricID))
+			// A total covers whole minutes that ended (here 1s ago: the suite's lag; the
+			// clock skew allowed is 1s): the jobs are sent early in a minute, so that each
+			// settlement is certainly inside the minute its total is read for.
+			Eventually(func() int { return time.Now().Second() }).WithTimeout(70*time.Second).WithPolling(100*time.Millisecond).
+				Should(SatisfyAll(BeNumerically(">=", 3), BeNumerically("<", 6)), "early in a minute, past the 1s clock skew")
+			at := time.Now().Add(-time.Second).UTC().Truncate(time.Second)
+			sendOK(ns, "msg-mt-total-a", completed("job-mt-total-a", 40, at))
+			sendOK(ns, "msg-mt-total-b", completed("job-mt-total-b", 9, at))
+			Eventually(settlementState(ns, "job-mt-total-a")).Should(Equal(hooksv1alpha1.SettlementSettled))
+			Eventually(settlementState(ns, "job-mt-total-b")).Should(Equal(hooksv1alpha1.SettlementSettled))
+			// Metronome holds 2 more units for B's customer, under its Metronome ID, at the
+			// time of B's usage: nobody here sent them.
+			totals.Put(fakemetronome.Event{TransactionID: "foreign-mt-total-b", CustomerID: idB, EventType: fakemetronome.DefaultEventType,
+				Timestamp: at.Format(time.RFC3339), Properties: map[string]string{"quantity": "2"}}, time.Now())
+
+			var more hooksv1alpha1.Discrepancy
+			Eventually(func() bool {
+				for _, d := range usageFindings(ns) {
+					if strings.Contains(d.ProviderRef, "customer cus_job-mt-total-b,") {
+						more = d
+						return true
+					}
+				}
+				return false
+			}).WithTimeout(90*time.Second).WithPolling(200*time.Millisecond).Should(BeTrue(), "a report compares B's total")
+			Expect(more.Action).To(Equal(hooksv1alpha1.RepairManualReview))
+			Expect(more.Object).To(Equal("BillingProvider/" + fixtures.BillingProviderName))
+			Expect(more.Message).To(SatisfyAll(ContainSubstring("totals 11 "), ContainSubstring("add up to 9 (1 settled in the window"), ContainSubstring("more than")))
+			// A's total was compared too, and agreed: no finding about it.
+			Eventually(examined(ns, "UsageTotal")).WithTimeout(30 * time.Second).Should(BeNumerically(">=", 2))
+			for _, d := range usageFindings(ns) {
+				Expect(d.ProviderRef).NotTo(ContainSubstring("cus_job-mt-total-a"), "a matching total is no finding: %s", d.Message)
+			}
+			// The totals were asked for by Metronome customer ID and billable metric; the
+			// comparison sent nothing.
+			var asked []string
+			for _, r := range totals.UsageRequests() {
+				Expect(r.BillableMetricIDs).To(Equal([]string{fakemetronome.DefaultBillableMetricID}))
+				Expect(r.WindowSize).To(Equal("NONE"))
+				asked = append(asked, r.CustomerIDs...)
+			}
+			Expect(asked).To(ContainElements(idA, idB))
+			Expect(totals.Requests()).To(HaveLen(2), "one ingest per job, nothing else")
+		})
+
+		It("counts a meter without billableMetricID as not comparable, asking Metronome nothing", func() {
+			ns := metronomeTenant(totals, reconciling(""))
+			sendOK(ns, "msg-mt-nometric", completed("job-mt-nometric", 5, time.Now().Add(-time.Second)))
+			Eventually(settlementState(ns, "job-mt-nometric")).Should(Equal(hooksv1alpha1.SettlementSettled))
+			Eventually(examined(ns, "UsageTotalNotComparable")).WithTimeout(90 * time.Second).Should(BeNumerically(">=", 1))
+			Expect(usageFindings(ns)).To(BeEmpty(), "a meter left without an ID by choice is counted, not reported")
+			Expect(examined(ns, "UsageTotal")()).To(BeZero())
+			Expect(totals.UsageRequests()).To(BeEmpty())
+			Expect(totals.CustomerRequests()).To(BeZero())
+		})
 	})
 })

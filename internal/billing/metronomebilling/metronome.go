@@ -17,6 +17,8 @@
 //   - an event is found again by transaction ID through POST /v1/events/search, which
 //     covers events of the last 34 days: that is the lookup, and billing.Match compares
 //     what it returns;
+//   - reconciliation compares usage totals per customer and billable metric (POST
+//     /v1/usage, UsageTotal in totals.go), since Metronome lists no events by time;
 //   - Metronome bills usage only, and offers no deletion or negation of an ingested
 //     event: an amount, a refund and a void are refused unsent, terminally, saying
 //     what a human does instead.
@@ -28,6 +30,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net/http"
 	"net/url"
@@ -41,10 +44,16 @@ import (
 // DefaultEndpoint is Metronome's API.
 const DefaultEndpoint = "https://api.metronome.com"
 
-// Paths of the two endpoints the adapter calls.
+// Paths of the endpoints the adapter calls.
 const (
 	IngestPath = "/v1/ingest"
 	SearchPath = "/v1/events/search"
+	// UsagePath is Metronome's batched usage (aggregated per customer and billable
+	// metric), read by reconciliation's usage totals.
+	UsagePath = "/v1/usage"
+	// CustomersPath lists customers; filtered by ingest_alias it resolves an alias to the
+	// Metronome customer ID the usage API is keyed by.
+	CustomersPath = "/v1/customers"
 )
 
 // Metronome's documented windows.
@@ -81,6 +90,9 @@ type Meter struct {
 	// QuantityProperty is the property the billable metric aggregates
 	// (DefaultQuantityProperty when empty).
 	QuantityProperty string
+	// BillableMetricID is the Metronome billable metric that sums these events, whose
+	// totals reconciliation reads (UsageTotal); empty: not compared.
+	BillableMetricID string
 }
 
 // Config configures a client.
@@ -106,6 +118,7 @@ type Client struct {
 	endpoint string
 	hc       *http.Client
 	meters   map[string]Meter
+	aliases  aliasCache
 }
 
 var (
@@ -113,6 +126,7 @@ var (
 	_ billing.RequestLooker = (*Client)(nil)
 	_ billing.Capable       = (*Client)(nil)
 	_ billing.UsageDater    = (*Client)(nil)
+	_ billing.UsageTotaler  = (*Client)(nil)
 )
 
 // New builds a client; an empty token, an unusable endpoint or a meter without an
@@ -144,6 +158,9 @@ func New(cfg Config) (*Client, error) {
 		}
 		if m.QuantityProperty == PropSettlementKey || m.QuantityProperty == PropUnit {
 			return nil, fmt.Errorf("metronome meter for usage meter %q: quantityProperty %q is written by the operator itself", name, m.QuantityProperty)
+		}
+		if m.BillableMetricID != "" && !uuidPattern.MatchString(m.BillableMetricID) {
+			return nil, fmt.Errorf("metronome meter for usage meter %q: billableMetricID %q is not a UUID", name, m.BillableMetricID)
 		}
 		meters[name] = m
 	}
@@ -460,18 +477,29 @@ func property(props map[string]json.RawMessage, name string) string {
 
 // List returns nothing: Metronome lists no usage events by time (its events search
 // finds events by transaction ID only), so reconciliation asks about each settled
-// charge of the window through LookupRequest instead (docs/design.md §13).
+// charge of the window through LookupRequest instead, and compares usage totals
+// (UsageTotal; docs/design.md §13).
 func (c *Client) List(context.Context, time.Time, string) ([]billing.Record, string, error) {
 	return nil, "", nil
 }
 
 func (c *Client) post(ctx context.Context, path string, body []byte, mutating bool) (billing.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint+path, bytes.NewReader(body))
+	return c.call(ctx, http.MethodPost, path, body, mutating)
+}
+
+func (c *Client) call(ctx context.Context, method, path string, body []byte, mutating bool) (billing.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.endpoint+path, rd)
 	if err != nil {
 		return billing.Response{}, &billing.Error{Class: billing.Terminal, Code: "bad_request", Message: "the request could not be built", Err: err, Local: true}
 	}
 	req.Header.Set("Authorization", "Bearer "+c.cfg.Token)
-	req.Header.Set("Content-Type", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	req.Header.Set("Accept", "application/json")
 	return billing.Do(c.hc, req, mutating)
 }

@@ -15,7 +15,7 @@ func FromProvider(bp *hooksv1alpha1.BillingProvider, token string, timeout time.
 	meters := map[string]Meter{}
 	if m := bp.Spec.Metronome; m != nil {
 		for _, mm := range m.Meters {
-			meters[mm.Meter] = Meter{EventType: mm.EventType, QuantityProperty: mm.QuantityProperty}
+			meters[mm.Meter] = Meter{EventType: mm.EventType, QuantityProperty: mm.QuantityProperty, BillableMetricID: mm.BillableMetricID}
 		}
 	}
 	return New(Config{Endpoint: bp.Spec.Endpoint, Token: token, Timeout: timeout, Meters: meters, Now: now})
