@@ -78,10 +78,11 @@ func (q *lookupQueue) drop(uid types.UID) {
 }
 
 // resumeIn is how soon after from the provider's next pass is due because a rate
-// limit it set runs out (0: no such limit).
+// limit it set runs out (0: no such limit, or one that ran out before from: a pass
+// since, which did not get to its lookups, does not hurry the next).
 func (q *lookupQueue) resumeIn(uid types.UID, from time.Time) time.Duration {
 	at := q.state(uid).resumeAt
-	if at.IsZero() {
+	if !at.After(from) {
 		return 0
 	}
 	return max(at.Sub(from), minLookupRetry)
@@ -186,7 +187,7 @@ func (r *Reconciler) lookUpUnlisted(ctx context.Context, bp *hooksv1alpha1.Billi
 			p.examined["SettlementLookedUp"]++
 			// Confirmed ones leave the queue at the next pass (alreadyConfirmed); the
 			// others go behind those that waited longer.
-			after.asked[w.bs.UID] = time.Now()
+			after.asked[w.bs.UID] = r.now()
 		}
 		if err != nil {
 			// Any other failure fails the pass as before: the mark stays, and the next
@@ -200,7 +201,7 @@ func (r *Reconciler) lookUpUnlisted(ctx context.Context, bp *hooksv1alpha1.Billi
 	p.examined["SettlementLookupDeferred"] = deferred
 	switch {
 	case limited != nil && limited.RetryAfter > 0:
-		after.resumeAt = time.Now().Add(limited.RetryAfter)
+		after.resumeAt = r.now().Add(limited.RetryAfter)
 		p.lookupsWait = fmt.Sprintf("%d lookups wait for the next pass, after the provider's Retry-After (%s): it rate limited them", deferred, limited.RetryAfter)
 	case limited != nil:
 		p.lookupsWait = fmt.Sprintf("%d lookups wait for the next pass, at the usual interval: the provider rate limited them", deferred)
