@@ -12,6 +12,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/archive/pgtest"
+	"github.com/settlement-operator/settlement-operator/internal/confirmation"
 	"github.com/settlement-operator/settlement-operator/test/fakemetronome"
 )
 
@@ -109,23 +112,29 @@ var _ = Describe("lookups by key in a reconciliation pass (docs/design.md §7)",
 		for _, bs := range settled {
 			Eventually(reconciledTrue(bs)).WithTimeout(30*time.Second).Should(BeTrue(), bs.Name)
 		}
-		var next hooksv1alpha1.ReconciliationReport
-		for _, rr := range lookupReports(ns) {
-			if rr.Spec.WindowEnd.After(limited.Spec.WindowEnd.Time) {
-				next = rr
-				break
+		// A report is created when its pass starts and written when it ends.
+		completedAfter := func(after hooksv1alpha1.ReconciliationReport) func() hooksv1alpha1.ReconciliationReport {
+			return func() hooksv1alpha1.ReconciliationReport {
+				for _, rr := range lookupReports(ns) {
+					if rr.Spec.WindowEnd.After(after.Spec.WindowEnd.Time) {
+						return rr
+					}
+				}
+				return hooksv1alpha1.ReconciliationReport{}
 			}
 		}
-		Expect(next.Name).NotTo(BeEmpty())
+		var next hooksv1alpha1.ReconciliationReport
+		Eventually(completedAfter(limited)).WithTimeout(30 * time.Second).Should(HaveField("Status.Phase", hooksv1alpha1.ReportCompleted))
+		next = completedAfter(limited)()
 		Expect(next.Spec.WindowEnd.Sub(limited.Status.CompletedAt.Time)).To(BeNumerically("<", interval/2),
 			"requeued after Metronome's Retry-After (1s)")
 		Expect(next.Status.Examined).To(SatisfyAll(HaveKeyWithValue("SettlementLookedUp", int32(2)),
 			HaveKeyWithValue("SettlementAlreadyConfirmed", int32(1)), Not(HaveKey("SettlementLookupDeferred"))))
 
 		// A pass after them asks nothing: each charge was searched once in all.
-		Eventually(func() int { return len(lookupReports(ns)) }).WithTimeout(30 * time.Second).Should(BeNumerically(">", len(lookupReports(ns))))
-		last := lookupReports(ns)
-		Expect(last[len(last)-1].Status.Examined).To(HaveKeyWithValue("SettlementAlreadyConfirmed", int32(3)))
+		Eventually(completedAfter(next)).WithTimeout(30 * time.Second).Should(HaveField("Status.Phase", hooksv1alpha1.ReportCompleted))
+		Expect(completedAfter(next)().Status.Examined).To(SatisfyAll(HaveKeyWithValue("SettlementAlreadyConfirmed", int32(3)),
+			Not(HaveKey("SettlementLookedUp"))))
 		for _, bs := range settled {
 			Expect(fake.SearchesFor(bs.Spec.IdempotencyKey)).To(Equal(1), "%s is asked once overall", bs.Name)
 		}
@@ -177,6 +186,70 @@ var _ = Describe("a pass's lookup budget (docs/design.md §7)", Ordered, func() 
 		Eventually(reconciledTrue(newest)).WithTimeout(30 * time.Second).Should(BeTrue())
 		for _, bs := range settled {
 			Expect(fake.SearchesFor(bs.Spec.IdempotencyKey)).To(Equal(1), bs.Name)
+		}
+		noneUnknown(ns)
+	})
+})
+
+// With the archive on, a pass confirms in its report, not on the settlement: the next
+// pass reads that confirmation and does not ask again.
+var _ = Describe("lookups by key with the archive on (docs/design.md §7, §12)", Ordered, func() {
+	var (
+		pg    *pgtest.Server
+		store *archive.Store
+	)
+	BeforeAll(func() {
+		var err error
+		pg, err = pgtest.Start()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(pg.CreateDatabase("archive")).To(Succeed())
+		store, err = archive.Open(archive.Config{URL: pg.URL("archive"), StatementTimeout: 2 * time.Second})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(store.Migrate(ctx)).To(Succeed())
+		mgr.stop()
+		// Archived an hour after they are confirmed: they stay for the passes to see.
+		mgr = startManager(managerOptions{store: store, archiveAfter: time.Hour})
+	})
+	AfterAll(func() { backToTheManagerWithoutArchive(store, pg) })
+
+	It("does not ask again about a settlement a kept report confirmed at its current version", func() {
+		fake, err := fakemetronome.Start(fakemetronome.Options{})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(fake.Close)
+		ns := metronomeTenant(fake, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{Interval: &metav1.Duration{Duration: 3 * time.Second}}
+		})
+		settled := settleMetronomeJobs(ns, "job-kept-a", "job-kept-b")
+		var confirmedIn string
+		Eventually(func() string {
+			for _, rr := range lookupReports(ns) {
+				var versions []string
+				if c := rr.Status.Confirmed; c != nil {
+					for _, g := range c.ByReason {
+						versions = append(versions, g.Settlements...)
+					}
+				}
+				if len(versions) > 0 {
+					Expect(versions).To(ConsistOf(confirmation.Version(get(settled[0])), confirmation.Version(get(settled[1]))),
+						"one pass confirms both, at their current versions")
+					confirmedIn = rr.Name
+				}
+			}
+			return confirmedIn
+		}).WithTimeout(time.Minute).ShouldNot(BeEmpty())
+		// Two passes later: both counted as already confirmed, neither asked again.
+		Eventually(func() int {
+			n := 0
+			for _, rr := range lookupReports(ns) {
+				if rr.Name > confirmedIn && rr.Status.Examined["SettlementAlreadyConfirmed"] == 2 {
+					n++
+				}
+			}
+			return n
+		}).WithTimeout(time.Minute).Should(BeNumerically(">=", 2))
+		for _, bs := range settled {
+			Expect(reconciledTrue(bs)()).To(BeFalse(), "%s is confirmed in the report, not on itself", bs.Name)
+			Expect(fake.SearchesFor(bs.Spec.IdempotencyKey)).To(Equal(1), "%s is asked once", bs.Name)
 		}
 		noneUnknown(ns)
 	})
