@@ -72,6 +72,7 @@ func main() {
 		recvOpts             receiver.Options
 		leaderNamespace      string
 		workers              int
+		maxLookups           int
 		archiveURL           string
 		archiveCfg           archive.Config
 		archiveAfter         time.Duration
@@ -104,6 +105,9 @@ func main() {
 		"How long after receipt an event whose operations are all under way waits before its status is first written: one that finishes within it is written once (0: at once).")
 	flag.IntVar(&workers, "max-concurrent-reconciles", 4,
 		"Records each controller works on at once, settlements excepted (--settlement-workers).")
+	flag.IntVar(&maxLookups, "reconciliation-max-lookups", billingprovider.DefaultMaxLookups,
+		"Lookups by key one reconciliation pass makes at most, for settled charges its provider's list did not show (every Metronome charge); "+
+			"the rest wait for the next pass, oldest first, and the report counts them (examined.SettlementLookupDeferred).")
 	flag.IntVar(&settlementWorkers, "settlement-workers", 16,
 		"Settlements worked on at once: each waits on the billing provider (and on the API server around the call), not on this process's CPU.")
 	flag.IntVar(&settlementShare, "settlement-workers-per-provider", 0,
@@ -343,7 +347,7 @@ func main() {
 	}
 	if err := (&billingprovider.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Archive: store, Health: health, MaxConcurrentReconciles: workers,
-		Recorder: mgr.GetEventRecorder(billingprovider.ControllerName),
+		MaxLookups: maxLookups, Recorder: mgr.GetEventRecorder(billingprovider.ControllerName),
 	}).SetupWithManager(mgr); err != nil {
 		log.Error(err, "unable to set up controller", "controller", billingprovider.ControllerName)
 		os.Exit(1)

@@ -95,6 +95,9 @@ type Reconciler struct {
 	MaxConcurrentReconciles int
 	// MaxListPages caps one pass's walk of the provider's list endpoint (50 pages).
 	MaxListPages int
+	// MaxLookups caps one pass's lookups by key of settlements the provider's list did
+	// not show (DefaultMaxLookups when 0); the rest wait for the next pass.
+	MaxLookups int
 	// UsageTotalsLag is how far behind the pass a usage-totals window ends (1h: Stripe
 	// aggregates meter events asynchronously; the tests' fakes do not, 1s there).
 	// UsageClockSkew widens each settlement's span at the provider (1m).
@@ -105,6 +108,8 @@ type Reconciler struct {
 	findings findingMemory
 	// walks keeps each provider's list walk that a pass cut at MaxListPages.
 	walks walkMemory
+	// lookups remembers what each provider's lookups by key left for its next pass.
+	lookups lookupQueue
 	// archived remembers the provider records each pass found matching their archived
 	// settlement, so the next pass does not read them back again (archived_memory.go).
 	archived archivedMemory
@@ -214,7 +219,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, bp *hooksv1alpha1.Bill
 	policy := reconciliationPolicyOf(bp)
 	now := r.now()
 	if last := bp.Status.LastReconciliation; last != nil {
-		if due := last.Add(r.passInterval(bp.UID, policy)); now.Before(due) {
+		if due := last.Add(r.passInterval(bp.UID, policy, last.Time)); now.Before(due) {
 			return ctrl.Result{RequeueAfter: due.Sub(now)}, nil
 		}
 	}
@@ -239,7 +244,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, bp *hooksv1alpha1.Bill
 	if err != nil {
 		return ctrl.Result{RequeueAfter: policy.interval}, nil // a failed pass is not hurried
 	}
-	return ctrl.Result{RequeueAfter: r.passInterval(bp.UID, policy)}, nil
+	return ctrl.Result{RequeueAfter: r.passInterval(bp.UID, policy, r.now())}, nil
 }
 
 // passDeadline bounds the provider's part of one pass (its calls and what it does
@@ -251,13 +256,19 @@ func passDeadline(bp *hooksv1alpha1.BillingProvider) time.Duration {
 	return passCalls * settlement.RequestTimeoutOf(bp)
 }
 
-// passInterval is how long after a pass the next is due: the policy's interval, or
-// continueWalkAfter while a walk the last pass cut goes on.
-func (r *Reconciler) passInterval(uid types.UID, policy reconciliationPolicy) time.Duration {
+// passInterval is how long after from (a pass's start, or its end) the next is due:
+// the policy's interval, continueWalkAfter while a walk the last pass cut goes on, or
+// sooner when the provider rate limited the last pass's lookups and said when to come
+// back (lookups.go).
+func (r *Reconciler) passInterval(uid types.UID, policy reconciliationPolicy, from time.Time) time.Duration {
+	d := policy.interval
 	if r.walks.pending(uid) {
-		return min(policy.interval, continueWalkAfter)
+		d = min(d, continueWalkAfter)
 	}
-	return policy.interval
+	if in := r.lookups.resumeIn(uid, from); in > 0 {
+		d = min(d, in)
+	}
+	return d
 }
 
 // applyHealth writes the ProviderHealthy condition from the latest calls and, while
@@ -373,6 +384,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, bp *hooksv1alpha1.Bill
 		r.findings.forget(bp.UID)
 		r.walks.take(bp.UID)
 		r.archived.drop(bp.UID)
+		r.lookups.drop(bp.UID)
 		ctrl.LoggerFrom(ctx).Info("no settlement holds the billing provider any more; deletion goes ahead")
 		return ctrl.Result{}, nil
 	}

@@ -80,11 +80,17 @@ type passState struct {
 	// whose first pass started at walkStarted.
 	listedAll   bool
 	walkStarted time.Time
+	// markAtMost, when set, caps the mark this pass sets: a settlement whose lookup
+	// waits for the next pass must stay inside that pass's window.
+	markAtMost time.Time
 	// windowStart is the report's window start.
 	windowStart time.Time
 	// confirmed collects the settlements the pass confirmed, for its report (nil
 	// without the archive: they are marked on the settlements themselves).
 	confirmed *confirmation.Set
+	// lookupsWait says how many lookups by key wait for the next pass, and why ("" when
+	// none wait).
+	lookupsWait string
 	// items keeps up to maxReportItems findings per type until the report is filled.
 	items map[hooksv1alpha1.DiscrepancyType][]hooksv1alpha1.Discrepancy
 }

@@ -12,11 +12,9 @@ import (
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
-	"github.com/settlement-operator/settlement-operator/internal/conditions"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
 	"github.com/settlement-operator/settlement-operator/internal/index"
 	"github.com/settlement-operator/settlement-operator/internal/metrics"
-	"github.com/settlement-operator/settlement-operator/internal/providerclient"
 	"github.com/settlement-operator/settlement-operator/internal/settlement"
 )
 
@@ -197,81 +195,8 @@ func (r *Reconciler) compareProvider(ctx context.Context, bp *hooksv1alpha1.Bill
 	}
 
 	// Local settled but unknown to the provider: those settled in the window that the
-	// list did not show are asked by key before anything is reported.
-	target := providerclient.TargetFor(bp, c)
-	sentHere := func(bs *hooksv1alpha1.BillingSettlement) bool {
-		return bs.Status.SentTo == nil || *bs.Status.SentTo == target
-	}
-	for _, bs := range mine {
-		if bs.Status.State != hooksv1alpha1.SettlementSettled || seen[bs.Spec.IdempotencyKey] || bs.Status.SettledAt == nil {
-			continue
-		}
-		// One settled before the window is asked about again only when an earlier pass
-		// confirmed another version of it than it has now (it changed since, and the
-		// archiver waits for a confirmation of this version).
-		if bs.Status.SettledAt.Time.Before(since) && (p.confirmed == nil || !p.confirmed.ChangedSince(bs)) {
-			continue
-		}
-		reverses, reversesRef, err := archivelookup.ReversedKey(ctx, r.Client, r.Archive, bs)
-		if err != nil {
-			// Without the original's reference the lookup could ask about the wrong thing;
-			// the pass fails and its mark stays, so the next pass asks again.
-			return err
-		}
-		called := time.Now()
-		rec, found, err := billing.LookupFor(ctx, c, settlement.RequestOf(bs, reverses, reversesRef))
-		metrics.ObserveBillingCall(bp.Namespace, bp.Name, "lookup", called, err)
-		if e, ok := billing.AsError(err); ok && e.Unanswerable {
-			if e.Unreadable && sentHere(bs) {
-				// Stripe can neither list nor read back meter events: the settlement rests
-				// on the provider's answer to its submission, which it matched field by
-				// field. Counted and marked (so it may be archived).
-				p.examined["SettlementNotComparable"]++
-				r.markCompared(ctx, p, bs, hooksv1alpha1.ReasonProviderCannotAnswer,
-					"the provider cannot list or read back this kind of record: it rests on the provider's answer to its submission; "+
-						"compare the provider's own totals (Stripe: the meter's event summaries) in its dashboard", now)
-				continue
-			}
-			p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyLocalSettledProviderUnknown, Object: "BillingSettlement/" + bs.Name,
-				ProviderRef: bs.Status.ProviderRef, Action: hooksv1alpha1.RepairManualReview,
-				Message: conditions.TruncateMessage(fmt.Sprintf("settled locally as %s, but the provider could not be asked about key %s: %s",
-					bs.Status.ProviderRef, bs.Spec.IdempotencyKey, e.Message))})
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("look up %s: %w", bs.Spec.IdempotencyKey, err)
-		}
-		if found && rec.Status == billing.StatusSettled {
-			if why := r.notProvablyOurs(ctx, bs, rec); why != "" {
-				p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyAmountMismatch, Object: "BillingSettlement/" + bs.Name,
-					ProviderRef: rec.ID, Action: hooksv1alpha1.RepairManualReview, Message: why})
-				continue
-			}
-			r.markReconciled(ctx, p, bs, rec, now)
-			continue
-		}
-		if !found {
-			// A charge a settled Void cancelled is gone at a provider that deletes it
-			// (Stripe): that is the Void's doing, not a loss.
-			void, err := r.settledVoidOf(ctx, bs)
-			if err != nil {
-				return err
-			}
-			if void != "" {
-				r.markCompared(ctx, p, bs, hooksv1alpha1.ReasonVoided,
-					fmt.Sprintf("the provider no longer has %s: %s voided it", bs.Status.ProviderRef, void), now)
-				continue
-			}
-		}
-		state := "no record"
-		if found {
-			state = rec.Status
-		}
-		p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyLocalSettledProviderUnknown, Object: "BillingSettlement/" + bs.Name,
-			ProviderRef: bs.Status.ProviderRef, Action: hooksv1alpha1.RepairManualReview,
-			Message: fmt.Sprintf("settled locally as %s, but the provider has %s under key %s", bs.Status.ProviderRef, state, bs.Spec.IdempotencyKey)})
-	}
-	return nil
+	// list did not show are asked by key before anything is reported (lookups.go).
+	return r.lookUpUnlisted(ctx, bp, c, since, seen, mine, p, now)
 }
 
 // settledVoidOf names a settled Void of charge bs, in the cluster or the archive ("" when

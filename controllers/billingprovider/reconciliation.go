@@ -21,7 +21,8 @@ import (
 )
 
 // pass runs one reconciliation and returns its report's name and, when it finished a
-// walk of the provider's list, the time that walk started (the new mark; else zero).
+// walk of the provider's list, the time that walk started (the new mark; else zero),
+// or earlier when lookups by key wait for the next pass (passState.markAtMost).
 func (r *Reconciler) pass(ctx context.Context, bp *hooksv1alpha1.BillingProvider, c billing.Client,
 	policy reconciliationPolicy, now time.Time) (string, time.Time, error) {
 	start := now.Add(-firstWindow)
@@ -77,9 +78,12 @@ func (r *Reconciler) pass(ctx context.Context, bp *hooksv1alpha1.BillingProvider
 			providerclient.ReportFailureReason(err), conditions.TruncateMessage(err.Error()))
 	} else {
 		rr.Status.Phase = hooksv1alpha1.ReportCompleted
+		msg := fmt.Sprintf("%d discrepancies, %d repaired, %d need review", rr.Status.Discrepancies, rr.Status.Repaired, rr.Status.NeedsReview)
+		if p.lookupsWait != "" {
+			msg += "; " + p.lookupsWait
+		}
 		conditions.Set(&rr.Status.Conditions, rr.Generation, hooksv1alpha1.ConditionReady, metav1.ConditionTrue,
-			hooksv1alpha1.ReasonValid, fmt.Sprintf("%d discrepancies, %d repaired, %d need review",
-				rr.Status.Discrepancies, rr.Status.Repaired, rr.Status.NeedsReview))
+			hooksv1alpha1.ReasonValid, conditions.TruncateMessage(msg))
 	}
 	if _, perr := statuspatch.Patch(ctx, r.Client, rr, base, false); perr != nil {
 		// The report held this pass's confirmations: a cut walk starts again from the mark,
@@ -92,6 +96,9 @@ func (r *Reconciler) pass(ctx context.Context, bp *hooksv1alpha1.BillingProvider
 			"%s: %d discrepancies need review (see docs/runbook.md)", rr.Name, rr.Status.NeedsReview)
 	}
 	if p.listedAll && err == nil {
+		if !p.markAtMost.IsZero() && p.markAtMost.Before(p.walkStarted) {
+			return rr.Name, p.markAtMost, nil
+		}
 		return rr.Name, p.walkStarted, nil
 	}
 	return rr.Name, time.Time{}, err

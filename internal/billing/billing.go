@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -316,6 +317,12 @@ type Error struct {
 	Message string
 	// Err is the underlying network or decoding error, if any.
 	Err error
+}
+
+// RateLimited reports a call the provider refused for its rate limit (HTTP 429, after
+// RetryAfter when it gave one): every adapter keeps the status of such an answer.
+func (e *Error) RateLimited() bool {
+	return e != nil && e.Status == http.StatusTooManyRequests
 }
 
 // Error describes the failure in one line, e.g.

@@ -153,3 +153,22 @@ func FuzzStatusError(f *testing.F) {
 		}
 	})
 }
+
+// A rate-limited answer is told apart from other transient ones by its status alone,
+// whichever adapter classified it.
+func TestRateLimited(t *testing.T) {
+	for _, tt := range []struct {
+		err  *billing.Error
+		want bool
+	}{
+		{&billing.Error{Class: billing.Transient, Status: 429, RetryAfter: time.Second}, true},
+		{&billing.Error{Class: billing.Transient, Status: 429}, true},
+		{&billing.Error{Class: billing.Transient, Status: 503}, false},
+		{&billing.Error{Class: billing.Transient, Code: "timeout"}, false},
+		{nil, false},
+	} {
+		if got := tt.err.RateLimited(); got != tt.want {
+			t.Errorf("%v: RateLimited() = %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}

@@ -152,6 +152,12 @@ func (s *Set) Add(reason string, bs *hooksv1alpha1.BillingSettlement) bool {
 	return true
 }
 
+// Holds reports a settlement a kept report confirmed at exactly its current version:
+// the archiver counts it as confirmed (Find), so a pass need not ask about it again.
+func (s *Set) Holds(bs *hooksv1alpha1.BillingSettlement) bool {
+	return s.earlier[bs.UID][Version(bs)]
+}
+
 // ChangedSince reports a settlement a kept report confirmed at another version than
 // its current one, and that carries no Reconciled condition: it changed after it was
 // confirmed (a refund added to reversedBy), so the archiver waits, and the pass asks

@@ -70,6 +70,14 @@ func TestSet(t *testing.T) {
 	if !s.ChangedSince(settlement("changed", "2")) || s.ChangedSince(settlement("same", "1")) || s.ChangedSince(settlement("new", "1")) {
 		t.Fatal("ChangedSince: only a settlement confirmed at another version changed since")
 	}
+	if !s.Holds(settlement("same", "1")) || s.Holds(settlement("changed", "2")) || s.Holds(settlement("new", "1")) {
+		t.Fatal("Holds: only a settlement a kept report confirmed at its current version is held")
+	}
+	if other := NewSet([]hooksv1alpha1.ReconciliationReport{
+		report("kept", "billing", "bp1", time.Now(), hooksv1alpha1.ReasonConfirmedByProvider, "same/1"),
+	}, "bp2"); other.Holds(settlement("same", "1")) {
+		t.Fatal("Holds: another provider's report confirms nothing")
+	}
 	for i := range hooksv1alpha1.MaxConfirmedSettlements {
 		if !s.Add(hooksv1alpha1.ReasonConfirmedByProvider, settlement(fmt.Sprint(i), "1")) {
 			t.Fatalf("refused confirmation %d, under the cap", i)

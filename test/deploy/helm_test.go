@@ -235,7 +235,7 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 				"maxInFlightPerProvider": 3, "admissionWait": "2s", "bodyReadTimeout": "5s", "requestTimeout": "6s",
 				"maxUnauthenticatedPerAddress": 6, "trustedProxies": []any{"10.0.0.0/8", "fd00::/8"},
 				"maxBodyBytes": 65536, "apiTimeout": "7s"},
-			"controllers":   map[string]any{"maxConcurrentReconciles": 2, "settlementWorkers": 24, "settlementWorkersPerProvider": 6, "eventStatusDelay": "2s", "transitionEvents": true, "watchNamespaces": "tenant-a,tenant-b"},
+			"controllers":   map[string]any{"maxConcurrentReconciles": 2, "settlementWorkers": 24, "settlementWorkersPerProvider": 6, "reconciliationMaxLookups": 50, "eventStatusDelay": "2s", "transitionEvents": true, "watchNamespaces": "tenant-a,tenant-b"},
 			"networkPolicy": map[string]any{"enabled": true},
 			"archive": map[string]any{"enabled": true, "secretName": "acme-archive", "after": "2h",
 				"maxConns": 4, "statementTimeout": "3s", "tls": map[string]any{"enabled": true}},
@@ -278,7 +278,7 @@ var _ = Describe("the Helm chart (charts/settlement-operator)", Ordered, func() 
 			"--receiver-max-in-flight-per-namespace=5", "--receiver-max-in-flight-per-provider=3",
 			"--receiver-admission-wait=2s", "--receiver-body-read-timeout=5s", "--receiver-request-timeout=6s",
 			"--receiver-max-unauthenticated-per-address=6", "--receiver-trusted-proxies=10.0.0.0/8,fd00::/8", "--receiver-max-body-bytes=65536",
-			"--receiver-api-timeout=7s", "--max-concurrent-reconciles=2", "--settlement-workers=24", "--settlement-workers-per-provider=6", "--event-status-delay=2s", "--transition-events",
+			"--receiver-api-timeout=7s", "--max-concurrent-reconciles=2", "--settlement-workers=24", "--settlement-workers-per-provider=6", "--reconciliation-max-lookups=50", "--event-status-delay=2s", "--transition-events",
 			"--watch-namespaces=tenant-a,tenant-b", "--archive-after=2h", "--archive-max-conns=4",
 			"--archive-statement-timeout=3s", "--metrics-cert-dir=/etc/settlement-operator/metrics-tls"))
 		Expect(c.Args).NotTo(ContainElement(HavePrefix("--metrics-secure")), "metrics stay authenticated")

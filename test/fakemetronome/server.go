@@ -149,8 +149,12 @@ type Server struct {
 	usageRaw   []string
 	usageReqs  []UsageRequest
 	custReqs   int
-	seq        int
-	hold       chan struct{}
+	// searchSkip searches are answered before searchFail applies (FailSearchAfter);
+	// searchedFor counts the answered searches that asked for each transaction ID.
+	searchSkip  int
+	searchedFor map[string]int
+	seq         int
+	hold        chan struct{}
 }
 
 var _ adaptercontract.Fixture = (*Server)(nil)
@@ -183,7 +187,7 @@ func Start(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("fakemetronome: listen %s: %w", opts.Addr, err)
 	}
 	s := &Server{opts: opts, ln: ln, url: "http://" + ln.Addr().String(),
-		events: map[string]*Event{}, effects: map[string]int{}, hold: make(chan struct{})}
+		events: map[string]*Event{}, effects: map[string]int{}, searchedFor: map[string]int{}, hold: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/ingest", s.authorized(s.ingest))
 	mux.HandleFunc("POST /v1/events/search", s.authorized(s.search))
@@ -278,6 +282,25 @@ func (s *Server) FailSearch(status, n int) {
 	for range n {
 		s.searchFail = append(s.searchFail, status)
 	}
+}
+
+// FailSearchAfter is FailSearch after the next answered searches: the fault lands on
+// a given search of a run of them (the second of a reconciliation pass's lookups).
+func (s *Server) FailSearchAfter(answered, status, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.searchSkip = answered
+	for range n {
+		s.searchFail = append(s.searchFail, status)
+	}
+}
+
+// SearchesFor counts the searches for transaction ID id that the fake answered (a
+// failed search answers nothing and is not counted).
+func (s *Server) SearchesFor(id string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.searchedFor[id]
 }
 
 // Events are the events the fake holds, in ingestion order.
@@ -467,7 +490,9 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.searches++
-	if len(s.searchFail) > 0 {
+	if s.searchSkip > 0 {
+		s.searchSkip--
+	} else if len(s.searchFail) > 0 {
 		status := s.searchFail[0]
 		s.searchFail = s.searchFail[1:]
 		if status == http.StatusTooManyRequests {
@@ -479,6 +504,7 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 	now := s.now()
 	out := []searchedEvent{}
 	for _, id := range body.TransactionIDs {
+		s.searchedFor[id]++
 		e, ok := s.events[id]
 		if !ok {
 			continue

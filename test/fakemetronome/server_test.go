@@ -72,3 +72,25 @@ func TestIngestAsDocumented(t *testing.T) {
 		t.Fatalf("effects %v %v", effects, err)
 	}
 }
+
+// A search fault armed after answered searches lands on the next one after them, and
+// only answered searches count for the transaction IDs they asked about.
+func TestSearchFaultAfterAnswered(t *testing.T) {
+	s, err := fakemetronome.Start(fakemetronome.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	search := s.URL() + "/v1/events/search"
+	s.FailSearchAfter(1, http.StatusTooManyRequests, 1)
+	var got []int
+	for _, id := range []string{"a", "b", "b"} {
+		got = append(got, post(t, search, s.Token(), `{"transactionIds":["`+id+`"]}`))
+	}
+	if got[0] != 200 || got[1] != 429 || got[2] != 200 {
+		t.Fatalf("statuses %v, want [200 429 200]", got)
+	}
+	if s.SearchesFor("a") != 1 || s.SearchesFor("b") != 1 || s.Searches() != 3 {
+		t.Fatalf("answered a=%d b=%d, served %d", s.SearchesFor("a"), s.SearchesFor("b"), s.Searches())
+	}
+}

@@ -126,6 +126,8 @@ type managerOptions struct {
 	archiveAfter time.Duration
 	// maxListPages, when set, caps a reconciliation pass's walk of the provider's list.
 	maxListPages int
+	// maxLookups, when set, caps a reconciliation pass's lookups by key.
+	maxLookups int
 	// watermark and migrator, when set with store, keep the archive's watermark and
 	// compare the archive with it (the migrator is added to the manager).
 	watermark *archivewatermark.Keeper
@@ -186,7 +188,7 @@ func startManager(opts ...managerOptions) *runningManager {
 		Tombstones: tombstones, CredentialRecheckInterval: time.Second, MaxConcurrentReconciles: o.settlementWorkers}).SetupWithManager(m)).To(Succeed())
 	Expect((&billingprovider.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(),
 		Recorder: m.GetEventRecorder("billingprovider"), Archive: o.store, Health: health,
-		CredentialRecheckInterval: time.Second, MaxListPages: o.maxListPages, WaitingGrace: waitingGrace,
+		CredentialRecheckInterval: time.Second, MaxListPages: o.maxListPages, MaxLookups: o.maxLookups, WaitingGrace: waitingGrace,
 		// Usage totals are compared up to 1s ago with 1s of clock skew (1h and 1m in
 		// production): the fakes and the API server share this machine's clock.
 		UsageTotalsLag: time.Second, UsageClockSkew: time.Second}).SetupWithManager(m)).To(Succeed())
