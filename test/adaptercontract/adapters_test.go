@@ -23,6 +23,7 @@ var fixtures = []fixture{
 	{"stripe-usage", fakestripe.UsageContractFixture, nil},
 	{"stripe-amount", fakestripe.AmountContractFixture, nil},
 	{"lago", started(fakelago.Start, fakelago.Options{}), nil},
+	{"lago-clickhouse", started(fakelago.Start, fakelago.Options{Pipeline: fakelago.ClickHouse}), nil},
 	{"metronome", started(fakemetronome.Start, fakemetronome.Options{}), []adaptercontract.Option{
 		adaptercontract.KnownGap("reconciliation finds the charge", metronomeNoListing),
 		adaptercontract.KnownGap("many charges", metronomeNoListing),
