@@ -96,13 +96,16 @@ var _ = Describe("a Lago billing provider", func() {
 // proves nothing, and a reused transaction_id is stored and billed again — so a lost
 // answer is never resent, and is settled only once Lago shows the event.
 var _ = Describe("a Lago billing provider on the ClickHouse pipeline", func() {
-	clickHouseTenant := func(fake *fakelago.Server) string {
+	clickHouseTenant := func(fake *fakelago.Server, mutate ...func(*hooksv1alpha1.BillingProvider)) string {
 		GinkgoHelper()
 		return newTenantWithToken(fakelago.DefaultAPIKey, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
 			lago, _ := fake.Provider()
 			bp.Spec.Type, bp.Spec.Endpoint, bp.Spec.Lago = hooksv1alpha1.BillingProviderLago, fake.URL(), lago.Spec.Lago
 			bp.Spec.RequestTimeout = fixtures.Duration(time.Second)
 			Expect(bp.Spec.Lago.EventPipeline).To(Equal(hooksv1alpha1.LagoPipelineClickHouse))
+			for _, m := range mutate {
+				m(bp)
+			}
 		})
 	}
 	startClickHouse := func() *fakelago.Server {
@@ -132,7 +135,10 @@ var _ = Describe("a Lago billing provider on the ClickHouse pipeline", func() {
 
 	It("finds an event whose answer was lost once Lago has ingested it, and adopts it: one event, never resent", func() {
 		fake := startClickHouse()
-		ns := clickHouseTenant(fake)
+		ns := clickHouseTenant(fake, func(bp *hooksv1alpha1.BillingProvider) {
+			bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{
+				Interval: &metav1.Duration{Duration: 2 * time.Second}, StuckAfter: &metav1.Duration{Duration: time.Second}}
+		})
 		// Lago takes the event onto Kafka, the reply is lost, and ClickHouse ingests it
 		// only seconds later: the first lookup finds nothing, which proves nothing.
 		fake.SetIngestDelay(5 * time.Second)
@@ -149,7 +155,16 @@ var _ = Describe("a Lago billing provider on the ClickHouse pipeline", func() {
 		Expect(fake.Effects(key)).To(Equal(1))
 		Expect(fake.Events()).To(ConsistOf(SatisfyAll(HaveField("TransactionID", key),
 			HaveField("ExternalSubscriptionID", "cus_job-lago-ch-hang"), HaveField("Code", "llm_tokens"))))
-		Consistently(func() int { return fake.Effects(key) }).WithTimeout(3*time.Second).Should(Equal(1), "nothing is sent after it settled")
+		// The pass lists the ingested event (no Lago id: named by its transaction_id) and
+		// confirms the settlement from it.
+		Eventually(func() string {
+			if c := condition(get(bs).Status.Conditions, hooksv1alpha1.ConditionReconciled); c != nil && c.Status == metav1.ConditionTrue {
+				return c.Reason
+			}
+			return ""
+		}).WithTimeout(60 * time.Second).Should(Equal(hooksv1alpha1.ReasonConfirmedByProvider))
+		Expect(fake.Effects(key)).To(Equal(1), "the pass sent nothing")
+		Expect(posts(fake, key)).To(Equal(1))
 	})
 
 	It("waits in RequiresReconciliation while Lago does not show a lost event, never resending; adopts it once ingested", func() {
