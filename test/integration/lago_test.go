@@ -144,6 +144,8 @@ var _ = Describe("a Lago billing provider on the ClickHouse pipeline", func() {
 		fake.SetIngestDelay(5 * time.Second)
 		fake.Fail(adaptercontract.CommitThenTimeout, 1)
 		sendOK(ns, "msg_lago_ch_hang", jobEvent("job-lago-ch-hang", 1, 77))
+		Expect(send(ns, "msg_lago_ch_hang", jobEvent("job-lago-ch-hang", 1, 77)).Status).To(Equal(http.StatusOK), "a duplicate delivery")
+		sendOK(ns, "msg_lago_ch_hang_2", jobEvent("job-lago-ch-hang", 1, 77)) // the same job under another message id
 		Eventually(settlementState(ns, "job-lago-ch-hang")).WithTimeout(90 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
 		bs := settlementOf(ns, "job-lago-ch-hang")
 		key := bs.Spec.IdempotencyKey
