@@ -182,7 +182,8 @@ var _ = Describe("a Lago billing provider on the ClickHouse pipeline", func() {
 		ready := condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady)
 		Expect(ready.Reason).To(Equal(hooksv1alpha1.ReasonNotDeduplicated))
 		Expect(ready.Message).To(SatisfyAll(ContainSubstring("never sends it again"), ContainSubstring(key),
-			ContainSubstring("/api/v1/events/"+key), ContainSubstring("cus_job-lago-ch-unseen")), "it says which event to look for, and where")
+			ContainSubstring("/api/v1/events/"+key), ContainSubstring("cus_job-lago-ch-unseen"), Not(ContainSubstring("listing"))),
+			"it says which event to look for, and where; Lago was asked by key, not by a listing")
 		Expect(bs.Status.Attempts).To(Equal(int32(1)))
 		Expect(lookedUp(fake, key, http.StatusNotFound)).To(BeTrue(), "Lago was asked by key, and did not show it")
 		Consistently(func() int { return fake.Effects(key) }).WithTimeout(5*time.Second).Should(Equal(1),
