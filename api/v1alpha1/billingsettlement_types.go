@@ -143,10 +143,11 @@ const (
 	// Reconciled condition a pass sets on a settlement it can never compare.
 	ReasonProviderCannotAnswer = "ProviderCannotAnswer"
 	// ReasonNotDeduplicated: the provider does not deduplicate (OpenMeter without
-	// deduplication counts a resend as new usage), an attempt may have reached it, and
-	// its listing does not show the request — which proves nothing while it ingests
-	// asynchronously. Nothing is ever sent again: a human looks for the event, as the
-	// message says, and a reconcile request adopts it once it is listed.
+	// deduplication, Lago's ClickHouse pipeline: a resend is new usage), an attempt may
+	// have reached it, and its listing or lookup does not show the request — which
+	// proves nothing while it ingests asynchronously. Nothing is ever sent again: a
+	// human looks for the event, as the message says, and a reconcile request adopts
+	// it once the provider shows it.
 	ReasonNotDeduplicated = "NotDeduplicated"
 	// ReasonVoided: the reason of a Reconciled condition a pass sets on a settled charge
 	// the provider no longer has because a settled Void of it cancelled it (Stripe

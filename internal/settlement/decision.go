@@ -499,11 +499,11 @@ func unanswerable(in Input, d Decision) Decision {
 	}
 	if in.Caps.NoDeduplication && !in.Obs.Submit && st.LastSubmission == hooksv1alpha1.SubmissionMaybeReceived && st.LastAttemptAt != nil {
 		if until := st.LastAttemptAt.Add(settleAfter(in.Policy)); in.Now.Before(until) {
-			// The last attempt may not be listed yet (ingestion is asynchronous): it is
-			// listed again after the settle time, and never resent.
+			// The last attempt may not show yet (ingestion is asynchronous): it is asked
+			// about again after the settle time, and never resent.
 			d.Action, d.Wait, d.Reason, d.Failures = ActWait, until.Sub(in.Now), hooksv1alpha1.ReasonOutcomeUnknown, 0
-			d.Message = "the provider does not list the last attempt yet, and does not deduplicate a resend: " +
-				"listing again after the settle time; nothing is sent again"
+			d.Message = "the provider does not show the last attempt yet, and does not deduplicate a resend: " +
+				"asking again after the settle time; nothing is sent again"
 			return d
 		}
 	}
@@ -544,9 +544,9 @@ func unanswerable(in Input, d Decision) Decision {
 	switch {
 	case in.Caps.NoDeduplication && !in.Obs.Submit:
 		d.Reason = hooksv1alpha1.ReasonNotDeduplicated
-		d.Message = "an attempt may have reached the provider, its listing does not show it (which proves nothing: it ingests " +
+		d.Message = "an attempt may have reached the provider, which does not show it (which proves nothing: it ingests " +
 			"asynchronously), and it does not deduplicate, so a resend would bill the usage again: the operator never sends it " +
-			"again; a reconcile request adopts it once it is listed: "
+			"again; a reconcile request adopts it once the provider shows it: "
 		if in.Obs.Message == "" {
 			d.Message += "look for the event under this settlement's idempotency key at the provider"
 		}

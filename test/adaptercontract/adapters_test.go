@@ -24,6 +24,7 @@ var fixtures = []fixture{
 	{"stripe-usage", fakestripe.UsageContractFixture, nil},
 	{"stripe-amount", fakestripe.AmountContractFixture, nil},
 	{"lago", started(fakelago.Start, fakelago.Options{}), nil},
+	{"lago-clickhouse", started(fakelago.Start, fakelago.Options{Pipeline: fakelago.ClickHouse}), nil},
 	{"metronome", started(fakemetronome.Start, fakemetronome.Options{}), nil},
 	{"openmeter", started(fakeopenmeter.Start, fakeopenmeter.Options{Token: fakeopenmeter.Token}), nil},
 	{"openmeter-dedup", started(fakeopenmeter.Start, fakeopenmeter.Options{Token: fakeopenmeter.Token, Deduplication: 24 * time.Hour}), nil},

@@ -22,7 +22,8 @@ func (s *Server) FailLookups(n int) {
 }
 
 // PassWindow changes nothing: Lago's default pipeline keeps a transaction_id unique
-// for its subscription as long as the event exists, so no window passes.
+// for its subscription as long as the event exists, and the ClickHouse pipeline never
+// refuses one, so no window passes.
 func (s *Server) PassWindow() {}
 
 // failRead answers a read 500 while FailLookups says so.

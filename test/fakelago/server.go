@@ -1,9 +1,23 @@
 // Package fakelago is a stateful fake of Lago's events API, as Lago documents it and
-// its default (PostgreSQL) event pipeline behaves: POST /api/v1/events stores an event
-// unless its transaction_id is already held for the subscription, which it answers
-// with 422 validation_errors {"transaction_id":["value_already_exist"]} and ignores;
-// GET /api/v1/events/{transaction_id} answers the first event held under it or 404
+// its event pipelines behave.
+//
+// The default (PostgreSQL) pipeline, unless Options.Pipeline says otherwise: POST
+// /api/v1/events stores an event unless its transaction_id is already held for the
+// subscription, which it answers with 422 validation_errors
+// {"transaction_id":["value_already_exist"]} and ignores; GET
+// /api/v1/events/{transaction_id} answers the first event held under it or 404
 // event_not_found; GET /api/v1/events lists them by timestamp, newest first, paged.
+//
+// The ClickHouse (high-volume) pipeline (Options.Pipeline ClickHouse): POST
+// /api/v1/events saves nothing itself and puts the event on Kafka, answering 200 with
+// the event as built (no lago_id, no created_at); a reused transaction_id is never
+// refused — the event is stored again and billed again (no deduplication here: Lago
+// documents uniqueness on transaction_id and timestamp there, and only as its store
+// merges them); the event is ingested into ClickHouse asynchronously, and until then
+// neither GET /api/v1/events/{transaction_id} (404 event_not_found) nor the listing
+// sees it (SetIngestDelay, IngestNow). Events read back from ClickHouse carry no
+// lago_id.
+//
 // An event for a billable metric code the organization does not have is stored and
 // never billed, as Lago does. Faults (adaptercontract.Fault) show Lago's documented
 // answers: 500, 429 with its X-RateLimit-* headers, 422 validation errors, and an
@@ -52,10 +66,20 @@ type Options struct {
 	Metrics []Metric
 	// HangFor bounds how long a commit-then-timeout reply is held (30s when zero).
 	HangFor time.Duration
+	// Pipeline is the organization's event pipeline: Postgres (the default, when
+	// empty) or ClickHouse.
+	Pipeline hooksv1alpha1.LagoEventPipeline
+	// IngestDelay is how long after it is accepted an event becomes visible to reads
+	// on the ClickHouse pipeline (SetIngestDelay); ignored on Postgres, which stores
+	// before it answers.
+	IngestDelay time.Duration
 }
 
 // DefaultMetrics is the fake's organization: one metric, "tokens", summing "tokens".
 var DefaultMetrics = []Metric{{Code: "llm_tokens", Meter: "tokens", FieldName: "tokens"}}
+
+// ClickHouse is Options.Pipeline for an organization on Lago's ClickHouse pipeline.
+const ClickHouse = hooksv1alpha1.LagoPipelineClickHouse
 
 // DefaultAPIKey is the key Start uses when Options.APIKey is empty.
 const DefaultAPIKey = "lago_test_key"
@@ -69,6 +93,9 @@ type Event struct {
 	Timestamp              time.Time
 	Properties             map[string]json.RawMessage
 	CreatedAt              time.Time
+	// IngestedAt is when reads see the event: CreatedAt on Postgres; on ClickHouse,
+	// when it is ingested from Kafka (later, after the ingest delay).
+	IngestedAt time.Time
 }
 
 // Request is one call the fake received (for tests' assertions).
@@ -96,6 +123,8 @@ type Server struct {
 	requests     []Request
 	seq          int
 	closing      chan struct{}
+	// ingestDelay is the ClickHouse pipeline's lag (SetIngestDelay).
+	ingestDelay time.Duration
 }
 
 var _ adaptercontract.Fixture = (*Server)(nil)
@@ -118,7 +147,7 @@ func Start(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", opts.Addr, err)
 	}
-	s := &Server{opts: opts, ln: ln, metrics: map[string]Metric{}, closing: make(chan struct{})}
+	s := &Server{opts: opts, ln: ln, metrics: map[string]Metric{}, closing: make(chan struct{}), ingestDelay: opts.IngestDelay}
 	for _, m := range opts.Metrics {
 		s.metrics[m.Code] = m
 	}
@@ -147,6 +176,33 @@ func (s *Server) Close() {
 	_ = s.srv.Close()
 }
 
+// clickHouse says whether the organization is on the ClickHouse pipeline.
+func (s *Server) clickHouse() bool { return s.opts.Pipeline == hooksv1alpha1.LagoPipelineClickHouse }
+
+// SetIngestDelay makes events accepted from now on visible to reads (the lookup by
+// transaction_id, the listing) only d after they were accepted: the ClickHouse
+// pipeline's Kafka → ClickHouse lag. It changes nothing on Postgres.
+func (s *Server) SetIngestDelay(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ingestDelay = d
+}
+
+// IngestNow finishes ingesting every accepted event: reads see all of them from now on.
+func (s *Server) IngestNow() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now().UTC()
+	for _, e := range s.events {
+		if e.IngestedAt.After(now) {
+			e.IngestedAt = now
+		}
+	}
+}
+
+// visible says whether reads see e at now.
+func visible(e *Event, now time.Time) bool { return !now.Before(e.IngestedAt) }
+
 // Type is Lago.
 func (s *Server) Type() hooksv1alpha1.BillingProviderType { return hooksv1alpha1.BillingProviderLago }
 
@@ -155,7 +211,7 @@ func (s *Server) Type() hooksv1alpha1.BillingProviderType { return hooksv1alpha1
 func (s *Server) Provider() (*hooksv1alpha1.BillingProvider, string) {
 	bp := &hooksv1alpha1.BillingProvider{ObjectMeta: metav1.ObjectMeta{Name: "lago", Namespace: "default"},
 		Spec: hooksv1alpha1.BillingProviderSpec{Type: hooksv1alpha1.BillingProviderLago, Endpoint: s.URL(), AllowInsecureHTTP: true,
-			Lago: &hooksv1alpha1.LagoSettings{}}}
+			Lago: &hooksv1alpha1.LagoSettings{EventPipeline: s.opts.Pipeline}}}
 	for _, m := range s.opts.Metrics {
 		bp.Spec.Lago.Metrics = append(bp.Spec.Lago.Metrics, hooksv1alpha1.LagoMetric{Meter: m.Meter, Code: m.Code, FieldName: m.FieldName})
 	}
@@ -168,7 +224,8 @@ func (s *Server) Charge(key string) billing.Request {
 		Customer: "sub_" + key, Usage: &billing.Usage{Meter: s.opts.Metrics[0].Meter, Quantity: "1523", Unit: "tokens"}, KeyNamespaced: true}
 }
 
-// Effects is how many events under key Lago bills: those of a metric it has.
+// Effects is how many events under key Lago bills: those of a metric it has, ingested
+// or still on their way (an accepted event is billed once ingested).
 func (s *Server) Effects(key string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -213,16 +270,20 @@ func (s *Server) Requests() []Request {
 }
 
 // Store puts an event into the organization's books directly, as another sender of
-// the same transaction_id would (for tests of what a lookup finds).
+// the same transaction_id would (for tests of what a lookup finds); it is visible at
+// once unless IngestedAt says otherwise.
 func (s *Server) Store(e Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seq++
-	if e.LagoID == "" {
+	if e.LagoID == "" && !s.clickHouse() {
 		e.LagoID = fmt.Sprintf("lago-%06d", s.seq)
 	}
 	if e.CreatedAt.IsZero() {
 		e.CreatedAt = time.Now().UTC()
+	}
+	if e.IngestedAt.IsZero() {
+		e.IngestedAt = e.CreatedAt
 	}
 	s.events = append(s.events, &e)
 }
@@ -344,8 +405,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	for _, e := range s.events {
 		// Lago's default pipeline: transaction_id is unique per subscription; the
-		// resend is refused and ignored.
-		if e.TransactionID == ev.TransactionID && e.ExternalSubscriptionID == ev.ExternalSubscriptionID {
+		// resend is refused and ignored. The ClickHouse pipeline checks nothing
+		// before it answers: the resend is another event.
+		if !s.clickHouse() && e.TransactionID == ev.TransactionID && e.ExternalSubscriptionID == ev.ExternalSubscriptionID {
 			s.mu.Unlock()
 			req.Status = http.StatusUnprocessableEntity
 			s.note(req)
@@ -354,8 +416,19 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.seq++
-	stored := &Event{LagoID: fmt.Sprintf("1a901a90-0000-4000-8000-%012d", s.seq), TransactionID: ev.TransactionID,
-		ExternalSubscriptionID: ev.ExternalSubscriptionID, Code: ev.Code, Timestamp: at, Properties: ev.Properties, CreatedAt: now}
+	stored := &Event{TransactionID: ev.TransactionID, ExternalSubscriptionID: ev.ExternalSubscriptionID, Code: ev.Code,
+		Timestamp: at, Properties: ev.Properties, CreatedAt: now, IngestedAt: now}
+	var reply map[string]any
+	if s.clickHouse() {
+		// Put on Kafka, saved nowhere yet: the reply is the event as built, without a
+		// Lago id or a creation time; reads see it once ClickHouse ingests it.
+		stored.IngestedAt = now.Add(s.ingestDelay)
+		reply = wireOut(stored)
+		reply["created_at"] = nil
+	} else {
+		stored.LagoID = fmt.Sprintf("1a901a90-0000-4000-8000-%012d", s.seq)
+		reply = wireOut(stored)
+	}
 	s.events = append(s.events, stored)
 	s.mu.Unlock()
 
@@ -376,7 +449,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	req.Status = http.StatusOK
 	s.note(req)
-	writeJSON(w, http.StatusOK, map[string]any{"event": wireOut(stored)})
+	writeJSON(w, http.StatusOK, map[string]any{"event": reply})
 }
 
 // parseTimestamp reads Lago's timestamp: Unix seconds as an integer, or as a string
@@ -400,8 +473,12 @@ func wireOut(e *Event) map[string]any {
 	if props == nil {
 		props = map[string]json.RawMessage{}
 	}
+	var lagoID any // null when Lago keeps no id (the ClickHouse pipeline)
+	if e.LagoID != "" {
+		lagoID = e.LagoID
+	}
 	return map[string]any{
-		"lago_id": e.LagoID, "transaction_id": e.TransactionID, "lago_customer_id": nil, "external_customer_id": nil,
+		"lago_id": lagoID, "transaction_id": e.TransactionID, "lago_customer_id": nil, "external_customer_id": nil,
 		"code": e.Code, "timestamp": e.Timestamp.UTC().Format("2006-01-02T15:04:05.000Z"),
 		"lago_subscription_id": "1a901a90-1a90-1a90-1a90-1a901a901a90", "external_subscription_id": e.ExternalSubscriptionID,
 		"precise_total_amount_cents": nil, "properties": props, "created_at": e.CreatedAt.UTC().Format(time.RFC3339),
@@ -413,16 +490,23 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	if s.failRead(w, r) {
 		return
 	}
-	s.note(Request{Method: r.Method, Path: r.URL.Path, TransactionID: id, Status: http.StatusOK})
+	req := Request{Method: r.Method, Path: r.URL.Path, TransactionID: id, Status: http.StatusNotFound}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	var found map[string]any
+	now := time.Now()
 	for _, e := range s.events {
-		if e.TransactionID == id {
-			writeJSON(w, http.StatusOK, map[string]any{"event": wireOut(e)}) // the first found
-			return
+		if e.TransactionID == id && visible(e, now) {
+			found, req.Status = wireOut(e), http.StatusOK // the first found
+			break
 		}
 	}
-	writeError(w, http.StatusNotFound, "event_not_found", nil)
+	s.mu.Unlock()
+	s.note(req)
+	if found == nil {
+		writeError(w, http.StatusNotFound, "event_not_found", nil)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"event": found})
 }
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
@@ -444,8 +528,9 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	var hits []*Event
+	now := time.Now()
 	for _, e := range s.events {
-		if (!from.IsZero() && e.Timestamp.Before(from)) || (!to.IsZero() && e.Timestamp.After(to)) ||
+		if !visible(e, now) || (!from.IsZero() && e.Timestamp.Before(from)) || (!to.IsZero() && e.Timestamp.After(to)) ||
 			(q.Get("code") != "" && e.Code != q.Get("code")) ||
 			(q.Get("external_subscription_id") != "" && e.ExternalSubscriptionID != q.Get("external_subscription_id")) {
 			continue

@@ -8,6 +8,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
@@ -87,5 +88,120 @@ var _ = Describe("a Lago billing provider", func() {
 		Expect(condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady).Reason).To(Equal(hooksv1alpha1.ReasonMismatchWithProvider))
 		Expect(fake.Events()).To(HaveLen(1), "Lago ignored the operator's event; nothing else was stored")
 		Consistently(func() int { return len(fake.Events()) }).WithTimeout(3 * time.Second).Should(Equal(1))
+	})
+})
+
+// The same, for an organization on Lago's ClickHouse pipeline (test/fakelago with
+// Pipeline ClickHouse): events are ingested asynchronously, a lookup's "not found"
+// proves nothing, and a reused transaction_id is stored and billed again — so a lost
+// answer is never resent, and is settled only once Lago shows the event.
+var _ = Describe("a Lago billing provider on the ClickHouse pipeline", func() {
+	clickHouseTenant := func(fake *fakelago.Server, mutate ...func(*hooksv1alpha1.BillingProvider)) string {
+		GinkgoHelper()
+		return newTenantWithToken(fakelago.DefaultAPIKey, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			lago, _ := fake.Provider()
+			bp.Spec.Type, bp.Spec.Endpoint, bp.Spec.Lago = hooksv1alpha1.BillingProviderLago, fake.URL(), lago.Spec.Lago
+			bp.Spec.RequestTimeout = fixtures.Duration(time.Second)
+			Expect(bp.Spec.Lago.EventPipeline).To(Equal(hooksv1alpha1.LagoPipelineClickHouse))
+			for _, m := range mutate {
+				m(bp)
+			}
+		})
+	}
+	startClickHouse := func() *fakelago.Server {
+		GinkgoHelper()
+		fake, err := fakelago.Start(fakelago.Options{HangFor: 5 * time.Second, Pipeline: fakelago.ClickHouse})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(fake.Close)
+		return fake
+	}
+	posts := func(fake *fakelago.Server, key string) int {
+		n := 0
+		for _, r := range fake.Requests() {
+			if r.Method == http.MethodPost && r.TransactionID == key {
+				n++
+			}
+		}
+		return n
+	}
+	lookedUp := func(fake *fakelago.Server, key string, status int) bool {
+		for _, r := range fake.Requests() {
+			if r.Method == http.MethodGet && r.Path == fakelago.EscapedEventPath(key) && r.Status == status {
+				return true
+			}
+		}
+		return false
+	}
+
+	It("finds an event whose answer was lost once Lago has ingested it, and adopts it: one event, never resent", func() {
+		fake := startClickHouse()
+		ns := clickHouseTenant(fake, func(bp *hooksv1alpha1.BillingProvider) {
+			bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{
+				Interval: &metav1.Duration{Duration: 2 * time.Second}, StuckAfter: &metav1.Duration{Duration: time.Second}}
+		})
+		// Lago takes the event onto Kafka, the reply is lost, and ClickHouse ingests it
+		// only seconds later: the first lookup finds nothing, which proves nothing.
+		fake.SetIngestDelay(5 * time.Second)
+		fake.Fail(adaptercontract.CommitThenTimeout, 1)
+		sendOK(ns, "msg_lago_ch_hang", jobEvent("job-lago-ch-hang", 1, 77))
+		Expect(send(ns, "msg_lago_ch_hang", jobEvent("job-lago-ch-hang", 1, 77)).Status).To(Equal(http.StatusOK), "a duplicate delivery")
+		sendOK(ns, "msg_lago_ch_hang_2", jobEvent("job-lago-ch-hang", 1, 77)) // the same job under another message id
+		Eventually(settlementState(ns, "job-lago-ch-hang")).WithTimeout(90 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		bs := settlementOf(ns, "job-lago-ch-hang")
+		key := bs.Spec.IdempotencyKey
+		Expect(bs.Status.Attempts).To(Equal(int32(1)), "found by the lookup, never sent again")
+		Expect(posts(fake, key)).To(Equal(1), "one POST: the lost answer was asked about, not resent")
+		Expect(lookedUp(fake, key, http.StatusNotFound)).To(BeTrue(), "a lookup before the ingest found nothing, and nothing was resent on it")
+		Expect(lookedUp(fake, key, http.StatusOK)).To(BeTrue(), "the lookup after the ingest found it")
+		Expect(bs.Status.ProviderRef).To(Equal("event:"+key), "ClickHouse keeps no Lago id: the event is named by its transaction_id")
+		Expect(fake.Effects(key)).To(Equal(1))
+		Expect(fake.Events()).To(ConsistOf(SatisfyAll(HaveField("TransactionID", key),
+			HaveField("ExternalSubscriptionID", "cus_job-lago-ch-hang"), HaveField("Code", "llm_tokens"))))
+		// The pass lists the ingested event (no Lago id: named by its transaction_id) and
+		// confirms the settlement from it.
+		Eventually(func() string {
+			if c := condition(get(bs).Status.Conditions, hooksv1alpha1.ConditionReconciled); c != nil && c.Status == metav1.ConditionTrue {
+				return c.Reason
+			}
+			return ""
+		}).WithTimeout(60 * time.Second).Should(Equal(hooksv1alpha1.ReasonConfirmedByProvider))
+		Expect(fake.Effects(key)).To(Equal(1), "the pass sent nothing")
+		Expect(posts(fake, key)).To(Equal(1))
+	})
+
+	It("waits in RequiresReconciliation while Lago does not show a lost event, never resending; adopts it once ingested", func() {
+		fake := startClickHouse()
+		ns := clickHouseTenant(fake)
+		fake.SetIngestDelay(time.Hour) // Lago has taken it onto Kafka, ClickHouse has not ingested it yet
+		fake.Fail(adaptercontract.CommitThenTimeout, 1)
+		sendOK(ns, "msg_lago_ch_unseen", jobEvent("job-lago-ch-unseen", 1, 42))
+		Eventually(settlementState(ns, "job-lago-ch-unseen")).WithTimeout(120 * time.Second).
+			Should(Equal(hooksv1alpha1.SettlementRequiresReconciliation))
+		bs := settlementOf(ns, "job-lago-ch-unseen")
+		key := bs.Spec.IdempotencyKey
+		ready := condition(bs.Status.Conditions, hooksv1alpha1.ConditionReady)
+		Expect(ready.Reason).To(Equal(hooksv1alpha1.ReasonNotDeduplicated))
+		Expect(ready.Message).To(SatisfyAll(ContainSubstring("never sends it again"), ContainSubstring(key),
+			ContainSubstring("/api/v1/events/"+key), ContainSubstring("cus_job-lago-ch-unseen"), Not(ContainSubstring("listing"))),
+			"it says which event to look for, and where; Lago was asked by key, not by a listing")
+		Expect(bs.Status.Attempts).To(Equal(int32(1)))
+		Expect(lookedUp(fake, key, http.StatusNotFound)).To(BeTrue(), "Lago was asked by key, and did not show it")
+		Consistently(func() int { return fake.Effects(key) }).WithTimeout(5*time.Second).Should(Equal(1),
+			"one event in Lago's books, never two")
+		Expect(posts(fake, key)).To(Equal(1))
+
+		// ClickHouse ingests it; a reconcile request looks it up again and adopts it.
+		fake.IngestNow()
+		got := &hooksv1alpha1.BillingSettlement{}
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(bs), got)).To(Succeed())
+		patch := client.MergeFrom(got.DeepCopy())
+		metav1.SetMetaDataAnnotation(&got.ObjectMeta, hooksv1alpha1.AnnotationReconcileRequest, "ingested-now")
+		Expect(k8s.Patch(ctx, got, patch)).To(Succeed())
+		Eventually(settlementState(ns, "job-lago-ch-unseen")).WithTimeout(30 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		settled := settlementOf(ns, "job-lago-ch-unseen")
+		Expect(settled.Status.ProviderRef).To(Equal("event:" + key))
+		Expect(settled.Status.Attempts).To(Equal(int32(1)))
+		Expect(fake.Effects(key)).To(Equal(1))
+		Expect(posts(fake, key)).To(Equal(1), "never resent, before or after the reconcile request")
 	})
 })

@@ -10,7 +10,9 @@
 //     = the job's completion while Lago still bills it there, else the operator's first
 //     attempt — the same on every attempt;
 //   - an event is read back by its transaction_id (GET /api/v1/events/{id}): a lookup
-//     by key, compared field by field (billing.Match), never taken on trust;
+//     by key, compared field by field (billing.Match), never taken on trust; on the
+//     ClickHouse pipeline (spec.lago.eventPipeline) Lago ingests asynchronously, so a
+//     lookup that does not find it proves nothing and is answered Unanswerable;
 //   - Lago's default event pipeline refuses a reused transaction_id with 422
 //     value_already_exist and ignores the event: proof that an earlier attempt
 //     committed, not of what it holds — so the adapter reads the event back and
@@ -184,8 +186,9 @@ func (c *Client) String() string { return fmt.Sprintf("lago(%s)", c.endpoint) }
 func (c *Client) GoString() string { return c.String() }
 
 // Capabilities says what Lago can answer about r (docs/design.md §14), in one place:
-// Lago answers by key (GET /api/v1/events/{transaction_id}: the event, or 404), so a
-// lookup is authoritative and its record is compared field by field; a resend proves
+// Lago answers by key (GET /api/v1/events/{transaction_id}: the event, or 404), so on
+// the default pipeline a lookup is authoritative and its record is compared field by
+// field; a resend proves
 // nothing by itself (ResendIsProof false): Lago's 422 value_already_exist says an event
 // with the key exists, not what it holds, which is why Submit then reads it back.
 // Lago keeps a transaction_id as long as its event (no window of its own): the
@@ -207,7 +210,8 @@ func RequestCapabilities(billing.Request) billing.Capabilities {
 // unique (Lago's reference: several events may share one there, and the lookup shows
 // the first), so a resend after an attempt that may have been ingested could bill the
 // usage again — it is never sent (NoDeduplication, as for OpenMeter without
-// deduplication). A lookup that finds the event still settles the charge.
+// deduplication). A lookup that finds the event still settles the charge; one that
+// does not is answered Unanswerable, naming the event (unseen).
 func PipelineCapabilities(asyncIngest bool, r billing.Request) billing.Capabilities {
 	c := RequestCapabilities(r)
 	if asyncIngest {
@@ -372,12 +376,14 @@ func mustJSON(s string) json.RawMessage {
 }
 
 // Lookup reads the event under idempotencyKey (GET /api/v1/events/{transaction_id}):
-// Lago's 404 event_not_found is found=false. The record carries what Lago holds, for
-// billing.Match to compare.
+// Lago's 404 event_not_found is found=false on the default pipeline; on ClickHouse it
+// proves nothing and is answered Unanswerable (unseen). The record carries what Lago
+// holds, for billing.Match to compare.
 func (c *Client) Lookup(ctx context.Context, idempotencyKey string) (billing.Record, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	return c.lookup(ctx, idempotencyKey, nil)
+	rec, found, err := c.lookup(ctx, idempotencyKey, nil)
+	return rec, found, c.unseen(found, err, idempotencyKey, "")
 }
 
 // LookupRequest is Lookup that also compares the event's date with r's, where r is
@@ -385,7 +391,27 @@ func (c *Client) Lookup(ctx context.Context, idempotencyKey string) (billing.Rec
 func (c *Client) LookupRequest(ctx context.Context, r billing.Request) (billing.Record, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	return c.lookup(ctx, r.IdempotencyKey, &r)
+	rec, found, err := c.lookup(ctx, r.IdempotencyKey, &r)
+	return rec, found, c.unseen(found, err, r.IdempotencyKey, r.Customer)
+}
+
+// unseen is a lookup's error: on the ClickHouse pipeline an event Lago does not show
+// may still be on its way from Kafka (AbsenceUnproven), so "not found" is answered as
+// a lookup Lago cannot answer (billing.Error.Unanswerable), saying which event to look
+// for and where — what the person the settlement then stops for needs, as OpenMeter's
+// adapter says of an event it does not list (docs/design.md §14).
+func (c *Client) unseen(found bool, err error, key, subscription string) error {
+	if err != nil || found || !c.async {
+		return err
+	}
+	sub := ""
+	if subscription != "" {
+		sub = " for subscription " + subscription
+	}
+	return &billing.Error{Class: billing.Terminal, Code: "event_not_found", Status: http.StatusNotFound, Unanswerable: true,
+		Message: fmt.Sprintf("Lago does not show an event with transaction_id %s%s; on the ClickHouse event pipeline it ingests "+
+			"events asynchronously, so this does not prove the event was not received: look for it in Lago "+
+			"(GET /api/v1/events/%s, or the events list under Developers)", key, sub, url.PathEscape(key))}
 }
 
 func (c *Client) lookup(ctx context.Context, key string, r *billing.Request) (billing.Record, bool, error) {

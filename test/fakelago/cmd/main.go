@@ -11,16 +11,25 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
+	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/test/fakelago"
 )
 
 func main() {
-	var addr, apiKey, apiKeyFile string
+	var addr, apiKey, apiKeyFile, pipeline string
+	var ingestDelay time.Duration
 	flag.StringVar(&addr, "addr", "127.0.0.1:8093", "listen address")
 	flag.StringVar(&apiKey, "api-key", "", "the organization's API key (prefer -api-key-file: flags show in ps); default "+fakelago.DefaultAPIKey)
 	flag.StringVar(&apiKeyFile, "api-key-file", "", "file holding the API key")
+	flag.StringVar(&pipeline, "pipeline", "Postgres", "the organization's event pipeline: Postgres or ClickHouse")
+	flag.DurationVar(&ingestDelay, "ingest-delay", 0, "on ClickHouse, how long after it is accepted an event is visible to reads")
 	flag.Parse()
+	if pipeline != string(hooksv1alpha1.LagoPipelinePostgres) && pipeline != string(hooksv1alpha1.LagoPipelineClickHouse) {
+		fmt.Fprintln(os.Stderr, "fakelago: -pipeline is Postgres or ClickHouse")
+		os.Exit(2)
+	}
 	if apiKeyFile != "" {
 		b, err := os.ReadFile(apiKeyFile)
 		if err != nil {
@@ -31,7 +40,8 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	s, err := fakelago.Start(fakelago.Options{Addr: addr, APIKey: apiKey})
+	s, err := fakelago.Start(fakelago.Options{Addr: addr, APIKey: apiKey,
+		Pipeline: hooksv1alpha1.LagoEventPipeline(pipeline), IngestDelay: ingestDelay})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fakelago:", err)
 		os.Exit(1)
