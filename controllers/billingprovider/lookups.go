@@ -155,20 +155,22 @@ func (r *Reconciler) lookUpUnlisted(ctx context.Context, bp *hooksv1alpha1.Billi
 		}
 	}
 	target := providerclient.TargetFor(bp, c)
-	overlap := reconciliationPolicyOf(bp).stuckAfter
 	budget := r.maxLookups()
 	asked, deferred := 0, int32(0)
 	var limited *billing.Error
-	wait := func(bs *hooksv1alpha1.BillingSettlement) {
-		deferred++
+	hold := func(bs *hooksv1alpha1.BillingSettlement) {
 		// The next pass's window starts at the mark less the overlap: the mark is held
-		// back so that this one, settled in this window, is in the next one too. One
-		// asked about because it changed since it was confirmed is asked whatever the
-		// window.
-		if at := bs.Status.SettledAt.Add(overlap); !bs.Status.SettledAt.Time.Before(since) &&
+		// back to this one's settling, so that the next window holds it whatever
+		// stuckAfter is by then (a shorter one must not cut it out). One asked about
+		// because it changed since it was confirmed is asked whatever the window.
+		if at := bs.Status.SettledAt.Time; !bs.Status.SettledAt.Time.Before(since) &&
 			(p.markAtMost.IsZero() || at.Before(p.markAtMost)) {
 			p.markAtMost = at
 		}
+	}
+	wait := func(bs *hooksv1alpha1.BillingSettlement) {
+		deferred++
+		hold(bs)
 	}
 	for _, w := range queue {
 		if asked >= budget || limited != nil {
@@ -176,7 +178,10 @@ func (r *Reconciler) lookUpUnlisted(ctx context.Context, bp *hooksv1alpha1.Billi
 			continue
 		}
 		asked++
-		called, err := r.lookUp(ctx, bp, c, target, w.bs, p, now)
+		called, notYet, err := r.lookUp(ctx, bp, c, target, w.bs, p, now)
+		if notYet {
+			hold(w.bs) // asked again by the next pass
+		}
 		if e, ok := billing.AsError(err); ok && e.RateLimited() {
 			// Refused before the provider looked: this one and the rest wait.
 			limited = e
@@ -213,18 +218,39 @@ func (r *Reconciler) lookUpUnlisted(ctx context.Context, bp *hooksv1alpha1.Billi
 
 // lookUp asks the provider about one settled settlement by key and confirms or reports
 // it; called is false when no call reached the provider's books (none was made, or the
-// provider rate limited it), true otherwise, even when the call failed.
+// provider rate limited it), true otherwise, even when the call failed. notYet is true
+// when the provider does not show it yet and its "not found" proves nothing (it
+// ingests asynchronously: OpenMeter, Metronome's search, Lago's ClickHouse pipeline):
+// inside stuckAfter of its settling that is no discrepancy, and the next pass asks
+// again (docs/design.md §7, "Lookups by key").
 func (r *Reconciler) lookUp(ctx context.Context, bp *hooksv1alpha1.BillingProvider, c billing.Client, target hooksv1alpha1.ProviderTarget,
-	bs *hooksv1alpha1.BillingSettlement, p *passState, now time.Time) (called bool, _ error) {
+	bs *hooksv1alpha1.BillingSettlement, p *passState, now time.Time) (called, notYet bool, _ error) {
 	reverses, reversesRef, err := archivelookup.ReversedKey(ctx, r.Client, r.Archive, bs)
 	if err != nil {
 		// Without the original's reference the lookup could ask about the wrong thing;
 		// the pass fails and its mark stays, so the next pass asks again.
-		return false, err
+		return false, false, err
 	}
+	req := settlement.RequestOf(bs, reverses, reversesRef)
 	start := time.Now()
-	rec, found, err := billing.LookupFor(ctx, c, settlement.RequestOf(bs, reverses, reversesRef))
+	rec, found, err := billing.LookupFor(ctx, c, req)
 	metrics.ObserveBillingCall(bp.Namespace, bp.Name, "lookup", start, err)
+	// Not shown, by a provider whose "not found" proves nothing: a charge it answered
+	// for may simply not be ingested yet.
+	unproven := !billing.CapabilitiesOf(c, req).ProvesAbsence()
+	stuckAfter := reconciliationPolicyOf(bp).stuckAfter
+	notVisible := func(why string) (bool, bool, error) {
+		if age := now.Sub(bs.Status.SettledAt.Time); age < stuckAfter {
+			p.examined["SettlementNotYetVisible"]++
+			return true, true, nil
+		}
+		p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyLocalSettledProviderUnknown, Object: "BillingSettlement/" + bs.Name,
+			ProviderRef: bs.Status.ProviderRef, Action: hooksv1alpha1.RepairManualReview,
+			Message: conditions.TruncateMessage(fmt.Sprintf("settled locally as %s at %s, but the provider still does not show key %s, not visible "+
+				"stuckAfter (%s) after it settled (it ingests asynchronously, so this alone does not prove it lacks the charge): %s",
+				bs.Status.ProviderRef, bs.Status.SettledAt.UTC().Format(time.RFC3339), bs.Spec.IdempotencyKey, stuckAfter, why))})
+		return true, false, nil
+	}
 	if e, ok := billing.AsError(err); ok && e.Unanswerable {
 		if e.Unreadable && (bs.Status.SentTo == nil || *bs.Status.SentTo == target) {
 			// Stripe can neither list nor read back meter events: the settlement rests
@@ -234,40 +260,46 @@ func (r *Reconciler) lookUp(ctx context.Context, bp *hooksv1alpha1.BillingProvid
 			r.markCompared(ctx, p, bs, hooksv1alpha1.ReasonProviderCannotAnswer,
 				"the provider cannot list or read back this kind of record: it rests on the provider's answer to its submission; "+
 					"compare the provider's own totals (Stripe: the meter's event summaries) in its dashboard", now)
-			return true, nil
+			return true, false, nil
+		}
+		if unproven && !e.Unreadable {
+			return notVisible(e.Message)
 		}
 		p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyLocalSettledProviderUnknown, Object: "BillingSettlement/" + bs.Name,
 			ProviderRef: bs.Status.ProviderRef, Action: hooksv1alpha1.RepairManualReview,
 			Message: conditions.TruncateMessage(fmt.Sprintf("settled locally as %s, but the provider could not be asked about key %s: %s",
 				bs.Status.ProviderRef, bs.Spec.IdempotencyKey, e.Message))})
-		return true, nil
+		return true, false, nil
 	}
 	if err != nil {
 		if e, ok := billing.AsError(err); ok && e.RateLimited() {
-			return false, err // the caller tells this one apart
+			return false, false, err // the caller tells this one apart
 		}
-		return true, fmt.Errorf("look up %s: %w", bs.Spec.IdempotencyKey, err)
+		return true, false, fmt.Errorf("look up %s: %w", bs.Spec.IdempotencyKey, err)
 	}
 	if found && rec.Status == billing.StatusSettled {
 		if why := r.notProvablyOurs(ctx, bs, rec); why != "" {
 			p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyAmountMismatch, Object: "BillingSettlement/" + bs.Name,
 				ProviderRef: rec.ID, Action: hooksv1alpha1.RepairManualReview, Message: why})
-			return true, nil
+			return true, false, nil
 		}
 		r.markReconciled(ctx, p, bs, rec, now)
-		return true, nil
+		return true, false, nil
 	}
 	if !found {
 		// A charge a settled Void cancelled is gone at a provider that deletes it
 		// (Stripe): that is the Void's doing, not a loss.
 		void, err := r.settledVoidOf(ctx, bs)
 		if err != nil {
-			return true, err
+			return true, false, err
 		}
 		if void != "" {
 			r.markCompared(ctx, p, bs, hooksv1alpha1.ReasonVoided,
 				fmt.Sprintf("the provider no longer has %s: %s voided it", bs.Status.ProviderRef, void), now)
-			return true, nil
+			return true, false, nil
+		}
+		if unproven {
+			return notVisible("its lookup finds no record under the key")
 		}
 	}
 	state := "no record"
@@ -277,5 +309,5 @@ func (r *Reconciler) lookUp(ctx context.Context, bp *hooksv1alpha1.BillingProvid
 	p.add(hooksv1alpha1.Discrepancy{Type: hooksv1alpha1.DiscrepancyLocalSettledProviderUnknown, Object: "BillingSettlement/" + bs.Name,
 		ProviderRef: bs.Status.ProviderRef, Action: hooksv1alpha1.RepairManualReview,
 		Message: fmt.Sprintf("settled locally as %s, but the provider has %s under key %s", bs.Status.ProviderRef, state, bs.Spec.IdempotencyKey)})
-	return true, nil
+	return true, false, nil
 }

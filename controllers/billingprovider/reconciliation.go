@@ -55,7 +55,9 @@ func (r *Reconciler) pass(ctx context.Context, bp *hooksv1alpha1.BillingProvider
 	cctx, cancel := context.WithTimeout(ctx, passDeadline(bp))
 	err := r.compare(cctx, bp, c, policy, now, rr.Name, p)
 	cancel()
-	r.findings.remember(bp.UID, p.seen, p.previous, err == nil && p.listedAll)
+	// A pass whose lookups wait for the next did not get to every finding: those of the
+	// last pass are kept, so that one seen again later is not counted as new.
+	r.findings.remember(bp.UID, p.seen, p.previous, err == nil && p.listedAll && p.lookupsWait == "")
 	p.fillItems()
 	if p.confirmed != nil {
 		p.confirmed.Fill(&rr.Status, bp.UID)

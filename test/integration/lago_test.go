@@ -204,4 +204,48 @@ var _ = Describe("a Lago billing provider on the ClickHouse pipeline", func() {
 		Expect(fake.Effects(key)).To(Equal(1))
 		Expect(posts(fake, key)).To(Equal(1), "never resent, before or after the reconcile request")
 	})
+
+	It("does not report a settled charge while Lago has not ingested it yet: it waits, and is reported only once stuckAfter has passed", func() {
+		fake := startClickHouse()
+		ns := clickHouseTenant(fake, func(bp *hooksv1alpha1.BillingProvider) {
+			bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{
+				Interval: &metav1.Duration{Duration: 2 * time.Second}, StuckAfter: &metav1.Duration{Duration: 25 * time.Second}}
+		})
+		// Lago answers 200 at once and ClickHouse ingests the event an hour later: the
+		// charge is settled on Lago's answer, and passes run while it is not visible.
+		fake.SetIngestDelay(time.Hour)
+		sendOK(ns, "msg_lago_ch_lag", jobEvent("job-lago-ch-lag", 1, 31))
+		Eventually(settlementState(ns, "job-lago-ch-lag")).WithTimeout(60 * time.Second).Should(Equal(hooksv1alpha1.SettlementSettled))
+		bs := settlementOf(ns, "job-lago-ch-lag")
+		settledAt := bs.Status.SettledAt.Time
+		reportsAbout := func() (waiting int32, reported []string) {
+			var l hooksv1alpha1.ReconciliationReportList
+			Expect(k8s.List(ctx, &l, client.InNamespace(ns))).To(Succeed())
+			for _, rr := range l.Items {
+				waiting += rr.Status.Examined["SettlementNotYetVisible"]
+				for _, d := range rr.Status.Items {
+					if d.Object == "BillingSettlement/"+bs.Name {
+						reported = append(reported, rr.CreationTimestamp.Format(time.RFC3339)+" "+d.Message)
+					}
+				}
+			}
+			return waiting, reported
+		}
+		// Inside stuckAfter: passes report nothing, and count it as not visible yet.
+		for time.Since(settledAt) < 15*time.Second {
+			_, reported := reportsAbout()
+			Expect(reported).To(BeEmpty(), "a charge Lago has not ingested yet is not a discrepancy inside stuckAfter")
+			time.Sleep(time.Second)
+		}
+		Expect(reportsAbout()).To(BeNumerically(">=", 2), "passes ran while Lago had not ingested it, and counted it")
+		Expect(get(bs).Status.Conditions).NotTo(ContainElement(SatisfyAll(HaveField("Type", hooksv1alpha1.ConditionReconciled),
+			HaveField("Status", metav1.ConditionTrue))), "not confirmed either: the archiver keeps it")
+
+		// Past stuckAfter it is reported, saying it was never seen.
+		d := finding(ns, hooksv1alpha1.DiscrepancyLocalSettledProviderUnknown, func(d hooksv1alpha1.Discrepancy) bool {
+			return d.Object == "BillingSettlement/"+bs.Name
+		})
+		Expect(d.Message).To(ContainSubstring("not visible"))
+		Expect(fake.Effects(bs.Spec.IdempotencyKey)).To(Equal(1), "nothing was sent by the passes")
+	})
 })
