@@ -218,7 +218,8 @@ type customersAnswer struct {
 }
 
 // resolveAlias is the Metronome customer ID an ingest alias names: exactly one customer
-// listing it among its ingest aliases, or an Unanswerable error saying what is wrong.
+// listing it among its ingest aliases, or a Terminal error saying what is wrong — this
+// customer's, not the meter's: the pass reports it and compares the meter's other customers.
 // Resolved aliases are cached (bounded, aliasTTL); a failure is not.
 func (c *Client) resolveAlias(ctx context.Context, alias string) (string, error) {
 	now := c.cfg.Now()
@@ -247,16 +248,16 @@ func (c *Client) resolveAlias(ctx context.Context, alias string) (string, error)
 	}
 	switch {
 	case len(ids) > 1:
-		return "", &billing.Error{Class: billing.Terminal, Unanswerable: true, Code: "alias_ambiguous",
+		return "", &billing.Error{Class: billing.Terminal, Code: "alias_ambiguous",
 			Message: fmt.Sprintf("more than one Metronome customer answers to ingest alias %q: the customer its usage is billed to cannot be told",
 				billing.Sanitize(alias, c.cfg.Token))}
 	case a.NextPage != nil && *a.NextPage != "":
 		// Another page may hold another customer with the alias: one is not proven.
-		return "", &billing.Error{Class: billing.Terminal, Unanswerable: true, Code: "alias_ambiguous",
+		return "", &billing.Error{Class: billing.Terminal, Code: "alias_ambiguous",
 			Message: fmt.Sprintf("Metronome's customer list for ingest alias %q runs past one page: whether one customer alone has it cannot be told",
 				billing.Sanitize(alias, c.cfg.Token))}
 	case len(ids) == 0:
-		return "", &billing.Error{Class: billing.Terminal, Unanswerable: true, Code: "alias_unknown",
+		return "", &billing.Error{Class: billing.Terminal, Code: "alias_unknown",
 			Message: fmt.Sprintf("no Metronome customer has ingest alias %q: its usage events are not billed to anyone; add the alias to the customer in Metronome",
 				billing.Sanitize(alias, c.cfg.Token))}
 	}

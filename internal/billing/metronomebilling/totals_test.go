@@ -132,8 +132,19 @@ func TestUsageTotalUnanswerable(t *testing.T) {
 	if len(fake.UsageRequests()) != 0 || fake.CustomerRequests() != 0 {
 		t.Fatal("nothing is asked for a meter without billableMetricID")
 	}
-	unanswerable("an unknown alias", "tokens", "initech", "alias_unknown", `no Metronome customer has ingest alias "initech"`)
-	unanswerable("an alias of two customers", "tokens", "shared", "alias_ambiguous", `more than one Metronome customer answers to ingest alias "shared"`)
+	// An alias that names no customer, or several, is that customer's problem, not the
+	// meter's: Terminal without Unanswerable, so the pass reports this customer and goes
+	// on comparing the meter's other customers.
+	oneCustomer := func(name, customer, code, says string) {
+		t.Helper()
+		_, err := c.UsageTotal(context.Background(), "tokens", customer, start, end)
+		e := classOf(t, err)
+		if e.Unanswerable || e.Class != billing.Terminal || e.Code != code || !strings.Contains(e.Message, says) {
+			t.Fatalf("%s: want Terminal (not Unanswerable) %s saying %q, got %+v", name, code, says, e)
+		}
+	}
+	oneCustomer("an unknown alias", "initech", "alias_unknown", `no Metronome customer has ingest alias "initech"`)
+	oneCustomer("an alias of two customers", "shared", "alias_ambiguous", `more than one Metronome customer answers to ingest alias "shared"`)
 	if len(fake.UsageRequests()) != 0 {
 		t.Fatal("no usage is read for an alias that does not name one customer")
 	}
