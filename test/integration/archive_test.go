@@ -41,19 +41,26 @@ func backToTheManagerWithoutArchive(store *archive.Store, pg *pgtest.Server) {
 	}
 }
 
+// startArchive starts a PostgreSQL with a migrated archive database, for an Ordered
+// container's BeforeAll (backToTheManagerWithoutArchive, in its AfterAll, stops both).
+func startArchive() (*pgtest.Server, *archive.Store) {
+	GinkgoHelper()
+	pg, err := pgtest.Start()
+	Expect(err).NotTo(HaveOccurred())
+	Expect(pg.CreateDatabase("archive")).To(Succeed())
+	store, err := archive.Open(archive.Config{URL: pg.URL("archive"), StatementTimeout: 2 * time.Second})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(store.Migrate(ctx)).To(Succeed())
+	return pg, store
+}
+
 var _ = Describe("the archive (docs/design.md §12)", Ordered, func() {
 	var (
 		pg    *pgtest.Server
 		store *archive.Store
 	)
 	BeforeAll(func() {
-		var err error
-		pg, err = pgtest.Start()
-		Expect(err).NotTo(HaveOccurred())
-		Expect(pg.CreateDatabase("archive")).To(Succeed())
-		store, err = archive.Open(archive.Config{URL: pg.URL("archive"), StatementTimeout: 2 * time.Second})
-		Expect(err).NotTo(HaveOccurred())
-		Expect(store.Migrate(ctx)).To(Succeed())
+		pg, store = startArchive()
 		mgr.stop()
 		mgr = startManager(managerOptions{store: store, archiveAfter: time.Second})
 	})

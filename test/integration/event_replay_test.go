@@ -152,13 +152,7 @@ var _ = Describe("an event with an unmapped job state and the archive on", Order
 		store *archive.Store
 	)
 	BeforeAll(func() {
-		var err error
-		pg, err = pgtest.Start()
-		Expect(err).NotTo(HaveOccurred())
-		Expect(pg.CreateDatabase("archive")).To(Succeed())
-		store, err = archive.Open(archive.Config{URL: pg.URL("archive"), StatementTimeout: 2 * time.Second})
-		Expect(err).NotTo(HaveOccurred())
-		Expect(store.Migrate(ctx)).To(Succeed())
+		pg, store = startArchive()
 		mgr.stop()
 		mgr = startManager(managerOptions{store: store, archiveAfter: time.Second})
 	})

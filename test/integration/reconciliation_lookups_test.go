@@ -199,13 +199,7 @@ var _ = Describe("lookups by key with the archive on (docs/design.md §7, §12)"
 		store *archive.Store
 	)
 	BeforeAll(func() {
-		var err error
-		pg, err = pgtest.Start()
-		Expect(err).NotTo(HaveOccurred())
-		Expect(pg.CreateDatabase("archive")).To(Succeed())
-		store, err = archive.Open(archive.Config{URL: pg.URL("archive"), StatementTimeout: 2 * time.Second})
-		Expect(err).NotTo(HaveOccurred())
-		Expect(store.Migrate(ctx)).To(Succeed())
+		pg, store = startArchive()
 		mgr.stop()
 		// Archived an hour after they are confirmed: they stay for the passes to see.
 		mgr = startManager(managerOptions{store: store, archiveAfter: time.Hour})
