@@ -118,16 +118,6 @@ func (m *archivedMemory) walkEnded(uid types.UID, started time.Time) {
 	m.prune(uid, started)
 }
 
-// size is how many records are remembered for the provider.
-func (m *archivedMemory) size(uid types.UID) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if c := m.byProvider[uid]; c != nil {
-		return len(c.seen)
-	}
-	return 0
-}
-
 // drop forgets one provider (it was deleted).
 func (m *archivedMemory) drop(uid types.UID) {
 	m.mu.Lock()

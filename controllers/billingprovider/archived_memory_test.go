@@ -108,3 +108,13 @@ func TestArchivedMemoryHoldsOneWindow(t *testing.T) {
 		t.Fatal("a record listed in any pass of the ended walk must be kept")
 	}
 }
+
+// size is how many records are remembered for the provider.
+func (m *archivedMemory) size(uid types.UID) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c := m.byProvider[uid]; c != nil {
+		return len(c.seen)
+	}
+	return 0
+}

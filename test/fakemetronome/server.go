@@ -30,6 +30,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -279,9 +280,7 @@ func (s *Server) Fail(f adaptercontract.Fault, n int) {
 func (s *Server) FailSearch(status, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for range n {
-		s.searchFail = append(s.searchFail, status)
-	}
+	s.searchFail = append(s.searchFail, slices.Repeat([]int{status}, n)...)
 }
 
 // FailSearchAfter is FailSearch after the next answered searches: the fault lands on
@@ -290,9 +289,7 @@ func (s *Server) FailSearchAfter(answered, status, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.searchSkip = answered
-	for range n {
-		s.searchFail = append(s.searchFail, status)
-	}
+	s.searchFail = append(s.searchFail, slices.Repeat([]int{status}, n)...)
 }
 
 // SearchesFor counts the searches for transaction ID id that the fake answered (a

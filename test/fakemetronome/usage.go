@@ -26,18 +26,14 @@ type UsageRequest struct {
 func (s *Server) FailUsage(status, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for range n {
-		s.usageFail = append(s.usageFail, status)
-	}
+	s.usageFail = append(s.usageFail, slices.Repeat([]int{status}, n)...)
 }
 
 // FailCustomers makes the fake answer the next n customer lists with status.
 func (s *Server) FailCustomers(status, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for range n {
-		s.custFail = append(s.custFail, status)
-	}
+	s.custFail = append(s.custFail, slices.Repeat([]int{status}, n)...)
 }
 
 // AnswerUsageValue makes the next usage answer carry raw (a JSON literal) as the value
