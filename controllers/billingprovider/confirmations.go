@@ -35,7 +35,11 @@ func (r *Reconciler) reportsOf(ctx context.Context, bp *hooksv1alpha1.BillingPro
 //
 // A report one of whose confirmations could not be marked (the write refused or
 // failed) is not pruned this time: it is returned in held, and tried again at the next
-// pass, so that no confirmation is lost while the settlement waits.
+// pass, so that no confirmation is lost while the settlement waits. So is a report
+// that confirmed another version of a settlement than it has now, while the lookup
+// that would confirm the version it has waits (lookupState.changed): that report is
+// what has the next passes ask about it, after a restart too, and once it is pruned
+// nothing would (docs/design.md §7, "Lookups by key").
 func (r *Reconciler) confirmBeforePrune(ctx context.Context, bp *hooksv1alpha1.BillingProvider,
 	pruned, kept []hooksv1alpha1.ReconciliationReport) (held map[string]bool, err error) {
 	type pending struct {
@@ -63,9 +67,17 @@ func (r *Reconciler) confirmBeforePrune(ctx context.Context, bp *hooksv1alpha1.B
 		return nil, fmt.Errorf("list settlements: %w", err)
 	}
 	now := r.now()
+	waiting := r.lookups.state(bp.UID).changed
 	for i := range settlements.Items {
 		bs := &settlements.Items[i]
 		pd, ok := byUID[bs.UID]
+		if ok && waiting[bs.UID] && pd.version != confirmation.Version(bs) && bs.Spec.BillingProviderRef == bp.Name {
+			if held == nil {
+				held = map[string]bool{}
+			}
+			held[pd.report.Name] = true
+			continue
+		}
 		if !ok || pd.version != confirmation.Version(bs) || confirmation.Confirmed(bs) || bs.Spec.BillingProviderRef != bp.Name {
 			continue
 		}

@@ -48,6 +48,13 @@ type lookupState struct {
 	// resumeAt is when the provider asked to be called again (its Retry-After); zero
 	// when the last pass was not rate limited, or was without a Retry-After.
 	resumeAt time.Time
+	// changed holds the settlements settled before the window that a pass had to ask
+	// about because they changed since a kept report confirmed them, and that got no
+	// answer yet (their lookup waited, failed, or the provider does not show them yet).
+	// They are asked again by the next pass though the kept report that made them
+	// "changed since" may be pruned meanwhile: without this, one whose lookups waited
+	// longer than keepReports passes would never be confirmed again, nor archived.
+	changed map[types.UID]bool
 }
 
 // state returns the provider's queue (an empty one before its first pass).
@@ -118,6 +125,9 @@ func (r *Reconciler) lookUpUnlisted(ctx context.Context, bp *hooksv1alpha1.Billi
 	type waiting struct {
 		bs    *hooksv1alpha1.BillingSettlement
 		since time.Time
+		// changed: settled before the window, asked because it changed since it was
+		// confirmed (lookupState.changed).
+		changed bool
 	}
 	var queue []waiting
 	for _, bs := range mine {
@@ -126,15 +136,21 @@ func (r *Reconciler) lookUpUnlisted(ctx context.Context, bp *hooksv1alpha1.Billi
 		}
 		// One settled before the window is asked about again only when an earlier pass
 		// confirmed another version of it than it has now (it changed since, and the
-		// archiver waits for a confirmation of this version).
-		if bs.Status.SettledAt.Time.Before(since) && (p.confirmed == nil || !p.confirmed.ChangedSince(bs)) {
-			continue
+		// archiver waits for a confirmation of this version), as a kept report shows or
+		// an earlier pass that could not ask it remembered.
+		changed := false
+		if bs.Status.SettledAt.Time.Before(since) {
+			changed = (p.confirmed != nil && p.confirmed.ChangedSince(bs)) ||
+				(before.changed[bs.UID] && bs.DeletionTimestamp.IsZero())
+			if !changed {
+				continue
+			}
 		}
 		if alreadyConfirmed(p, bs) {
 			p.examined["SettlementAlreadyConfirmed"]++
 			continue
 		}
-		w := waiting{bs: bs, since: bs.Status.SettledAt.Time}
+		w := waiting{bs: bs, since: bs.Status.SettledAt.Time, changed: changed}
 		if t, ok := before.asked[bs.UID]; ok {
 			w.since = t
 		}
@@ -147,11 +163,14 @@ func (r *Reconciler) lookUpUnlisted(ctx context.Context, bp *hooksv1alpha1.Billi
 		return queue[i].bs.Name < queue[j].bs.Name
 	})
 
-	after := lookupState{asked: map[types.UID]time.Time{}}
+	after := lookupState{asked: map[types.UID]time.Time{}, changed: map[types.UID]bool{}}
 	defer func() { r.lookups.keep(bp.UID, after) }()
 	for _, w := range queue {
 		if t, ok := before.asked[w.bs.UID]; ok {
 			after.asked[w.bs.UID] = t // still waiting; moved below when asked now
+		}
+		if w.changed {
+			after.changed[w.bs.UID] = true // until an answer below (or a pass's failure)
 		}
 	}
 	target := providerclient.TargetFor(bp, c)
@@ -187,6 +206,10 @@ func (r *Reconciler) lookUpUnlisted(ctx context.Context, bp *hooksv1alpha1.Billi
 			limited = e
 			wait(w.bs)
 			continue
+		}
+		if called && err == nil && !notYet {
+			// Answered: confirmed, or reported; a kept report says which from now on.
+			delete(after.changed, w.bs.UID)
 		}
 		if called {
 			p.examined["SettlementLookedUp"]++

@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -278,6 +279,69 @@ var _ = Describe("confirmations in the report, with the archive on (docs/design.
 		msg := condition(archived.Status.Conditions, hooksv1alpha1.ConditionReconciled).Message
 		Expect(msg).To(ContainSubstring("ReconciliationReport " + fixtures.BillingProviderName + "-"))
 		Expect(msg).NotTo(ContainSubstring(old.Name))
+	})
+
+	It("asks again about a settlement changed since its confirmation whose lookups wait past keepReports passes and a restart", func() {
+		own, err := fakebilling.Start(fakebilling.Options{Token: billingToken, UsagePrice: 100})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { _ = own.Close() })
+		ns := newTenant(hourly, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
+			bp.Spec.Endpoint = own.URL()
+			bp.Spec.Reconciliation.StuckAfter = &metav1.Duration{Duration: time.Second}
+			bp.Spec.Reconciliation.KeepReports = 1
+		})
+		bs := settled(ns, "msg-conf-waited", "job-conf-waited")
+		confirmedVersion := version(bs)
+		base := bs.DeepCopy()
+		bs.Labels = map[string]string{"touched": "after-the-pass"}
+		Expect(k8s.Patch(ctx, bs, client.MergeFrom(base))).To(Succeed())
+		old := writeReport(ns, "conf-waited-old", providerUID(ns), time.Now(), confirmedVersion)
+
+		// The provider's list was walked past it, and its lookups are rate limited.
+		var bp hooksv1alpha1.BillingProvider
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fixtures.BillingProviderName}, &bp)).To(Succeed())
+		sbase := bp.DeepCopy()
+		past := metav1.NewTime(time.Now().Add(time.Hour))
+		bp.Status.ProviderListedUntil = &past
+		Expect(k8s.Status().Patch(ctx, &bp, client.MergeFrom(sbase))).To(Succeed())
+		own.FailNextLookups(1000, http.StatusTooManyRequests)
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fixtures.BillingProviderName}, &bp)).To(Succeed())
+		base2 := bp.DeepCopy()
+		bp.Spec.Reconciliation.Interval = &metav1.Duration{Duration: 2 * time.Second}
+		Expect(k8s.Patch(ctx, &bp, client.MergeFrom(base2))).To(Succeed())
+
+		// Passes go on (one report kept) while its lookup waits: the report confirming
+		// the old version is kept past keepReports, since it is what has a pass ask.
+		var waited hooksv1alpha1.ReconciliationReport
+		Eventually(func() int32 {
+			for _, rr := range lookupReports(ns) {
+				if rr.Name != old.Name && rr.Status.Phase == hooksv1alpha1.ReportCompleted && rr.Status.Examined["SettlementLookupDeferred"] > 0 {
+					waited = rr
+				}
+			}
+			return waited.Status.Examined["SettlementLookupDeferred"]
+		}).WithTimeout(60*time.Second).Should(Equal(int32(1)), "its lookup waits")
+		Eventually(func() []string {
+			var names []string
+			for _, rr := range lookupReports(ns) {
+				if rr.Spec.WindowEnd.After(waited.Spec.WindowEnd.Time) && rr.Status.Phase == hooksv1alpha1.ReportCompleted {
+					names = append(names, rr.Name)
+				}
+			}
+			return names
+		}).WithTimeout(60*time.Second).ShouldNot(BeEmpty(), "a pass after it, which pruned")
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(old), &hooksv1alpha1.ReconciliationReport{})).To(Succeed(),
+			"the report confirming the old version is kept while the lookup waits")
+
+		// A restart forgets what the passes remembered; the kept report still says it
+		// must be asked.
+		mgr.stop()
+		mgr = startManager(managerOptions{store: store, archiveAfter: 2 * time.Second})
+		own.ClearLookupFaults()
+		gone(ns, bs.Name)
+		Expect(posts(own.CallsFor(bs.Spec.IdempotencyKey))).To(Equal(1), "one POST, nothing since")
+		reconciled, _ := archivedRow(ns, bs.Name)
+		Expect(reconciled).To(BeTrue())
 	})
 
 	It("relies on no pruned report, nor on one of another provider under the same name", func() {
