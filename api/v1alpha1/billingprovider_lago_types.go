@@ -10,6 +10,7 @@ const BillingProviderLago BillingProviderType = "Lago"
 // usage meter feeds, and how events are dated. spec.endpoint is Lago's API host
 // (https://api.getlago.com for Lago Cloud US, https://api.eu.getlago.com for the EU,
 // the lago-api service of a self-hosted Lago), without /api/v1.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.eventPipeline) || oldSelf.eventPipeline != 'ClickHouse' || (has(self.eventPipeline) && self.eventPipeline == 'ClickHouse')",message="eventPipeline cannot go from ClickHouse to Postgres in place: a charge ClickHouse may still be ingesting would not be found by a lookup, that lookup would then be trusted and the charge sent again; create another BillingProvider for the Postgres pipeline (docs/runbook.md)"
 type LagoSettings struct {
 	// metrics maps the settlements' usage meters (spec.usage.meter) to Lago billable
 	// metrics. A usage charge for a meter not listed is refused, never sent under a

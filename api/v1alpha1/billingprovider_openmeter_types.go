@@ -22,6 +22,7 @@ const DefaultOpenMeterSource = "settlement-operator"
 const DefaultOpenMeterValueProperty = "value"
 
 // OpenMeterSettings configures a BillingProvider of type OpenMeter.
+// +kubebuilder:validation:XValidation:rule="!has(self.deduplication) || (has(oldSelf.deduplication) && duration(self.deduplication.window) <= duration(oldSelf.deduplication.window))",message="deduplication cannot be added or its window lengthened in place: events already sent were not remembered under it, so a resend it would allow could be counted twice; create another BillingProvider (docs/runbook.md)"
 type OpenMeterSettings struct {
 	// source is the CloudEvents source of every event sent. OpenMeter deduplicates
 	// (when it does) by source and id, and the operator finds an event again by them,

@@ -215,9 +215,11 @@ type ReconciliationPolicy struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.type) || self.type != 'Stripe' || !has(self.requestTimeout) || duration(self.requestTimeout) <= duration('1m')",message="a Stripe provider's requestTimeout is at most 1m: a resend under a key must reach Stripe inside its 24-hour window"
 // +kubebuilder:validation:XValidation:rule="has(self.lago) == (has(self.type) && self.type == 'Lago')",message="lago settings are required for type Lago (spec.lago.metrics) and apply to type Lago only"
 type BillingProviderSpec struct {
-	// type of backend.
+	// type of backend. Immutable: what a lookup's or a resend's answer proves depends on
+	// it, for the charges already sent too.
 	// +optional
 	// +kubebuilder:default=HTTP
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="type is immutable: the charges already sent are asked about and resent by what their type proves; create another BillingProvider (docs/runbook.md)"
 	Type BillingProviderType `json:"type,omitempty"`
 
 	// endpoint is the base URL; settlements are posted to {endpoint}/settlements.
