@@ -72,7 +72,9 @@ func TestReleaseOfAReportConfirmedSettlementRacedByTheFinalizer(t *testing.T) {
 		t.Fatal(err)
 	}
 	start(t, am)
-	eventually(t, time.Minute, "every report-confirmed settlement archived and gone", func() (bool, error) {
+	// A bound on liveness, not a speed goal: at a load of 19 (three suites beside it)
+	// one minute was seen to run out.
+	eventually(t, 3*time.Minute, "every report-confirmed settlement archived and gone", func() (bool, error) {
 		var l hooksv1alpha1.BillingSettlementList
 		if err := k8s.List(ctx, &l, client.InNamespace(ns)); err != nil {
 			return false, err
