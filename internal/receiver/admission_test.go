@@ -141,6 +141,18 @@ func startReceiver(opts Options, writer client.Writer, live client.Reader) (*Rec
 	return r, addr.String()
 }
 
+// deliverer returns a sender of completedV2 under an event ID, signed with the suite's
+// Standard Webhooks secret, to provider inference of ns at the receiver at addr.
+func deliverer(addr, ns string) func(id string) sender.Response {
+	return func(id string) sender.Response {
+		GinkgoHelper()
+		resp, err := sender.Send(ctx, nil, sender.Delivery{URL: "http://" + addr + EndpointPath(ns, "inference"),
+			Signature: swh, Secret: []byte(swhSecret), ID: id, Body: []byte(completedV2)})
+		Expect(err).NotTo(HaveOccurred())
+		return resp
+	}
+}
+
 // slowConn is an unauthenticated client on its own TCP connection: it sends complete
 // headers announcing a body, then a few bytes of it, and then either stalls or
 // dribbles one byte every 200ms. Everything the server sends back is collected until

@@ -81,13 +81,7 @@ var _ = Describe("before authentication: one client's slow bodies never refuse a
 		install(inferenceProvider(ns), map[string]string{"current": swhSecret})
 		// Default deadlines: the budget is the defaults' promise.
 		_, addr := startReceiver(Options{}, k8s, k8s)
-		deliver := func(id string) sender.Response {
-			GinkgoHelper()
-			resp, err := sender.Send(ctx, nil, sender.Delivery{URL: "http://" + addr + EndpointPath(ns, "inference"),
-				Signature: swh, Secret: []byte(swhSecret), ID: id, Body: []byte(completedV2)})
-			Expect(err).NotTo(HaveOccurred())
-			return resp
-		}
+		deliver := deliverer(addr, ns)
 		// The signing Secret is cached, so the frozen API server is met at the create.
 		Expect(deliver("msg_budget_warm").Status).To(Equal(http.StatusOK))
 		Expect(signalAPIServer(syscall.SIGSTOP)).To(Succeed())

@@ -380,13 +380,7 @@ var _ = Describe("the receiver", func() {
 			// receiver keeps it 1 s, which a loaded machine outlives between the warm-up
 			// and the outage): the outage is met at the event's create.
 			_, addr := startReceiver(Options{APITimeout: 2 * time.Second, RetryAfter: 3 * time.Second}, k8s, k8s)
-			deliver := func(id string) sender.Response {
-				GinkgoHelper()
-				resp, err := sender.Send(ctx, nil, sender.Delivery{URL: "http://" + addr + EndpointPath(ns, "inference"),
-					Signature: swh, Secret: []byte(swhSecret), ID: id, Body: []byte(completedV2)})
-				Expect(err).NotTo(HaveOccurred())
-				return resp
-			}
+			deliver := deliverer(addr, ns)
 			// The warm-up reads the Secret; its create may outlast the 2 s API timeout on
 			// a loaded machine, and is then answered 503 and retried like any sender would.
 			Eventually(func() int { return deliver("msg_warm").Status }).

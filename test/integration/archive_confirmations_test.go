@@ -100,6 +100,34 @@ var _ = Describe("confirmations in the report, with the archive on (docs/design.
 		bp.Spec.Reconciliation = &hooksv1alpha1.ReconciliationPolicy{Interval: &metav1.Duration{Duration: time.Hour}}
 	}
 
+	// changedSinceConfirmed settles a charge, changes it after a pass confirmed it (a
+	// report written as a pass does names the version before the change), and returns
+	// it with that report.
+	changedSinceConfirmed := func(ns, msgID, jobID, report string) (*hooksv1alpha1.BillingSettlement, *hooksv1alpha1.ReconciliationReport) {
+		GinkgoHelper()
+		bs := settled(ns, msgID, jobID)
+		confirmedVersion := version(bs)
+		base := bs.DeepCopy()
+		bs.Labels = map[string]string{"touched": "after-the-pass"}
+		Expect(k8s.Patch(ctx, bs, client.MergeFrom(base))).To(Succeed())
+		return bs, writeReport(ns, report, providerUID(ns), time.Now(), confirmedVersion)
+	}
+	// walkedPastEvery has the provider's list walked past everything settled so far (the
+	// next passes list nothing of it) and its passes come every interval from now.
+	walkedPastEvery := func(ns string, interval time.Duration) {
+		GinkgoHelper()
+		var bp hooksv1alpha1.BillingProvider
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fixtures.BillingProviderName}, &bp)).To(Succeed())
+		sbase := bp.DeepCopy()
+		past := metav1.NewTime(time.Now().Add(time.Hour))
+		bp.Status.ProviderListedUntil = &past
+		Expect(k8s.Status().Patch(ctx, &bp, client.MergeFrom(sbase))).To(Succeed())
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fixtures.BillingProviderName}, &bp)).To(Succeed())
+		base := bp.DeepCopy()
+		bp.Spec.Reconciliation.Interval = &metav1.Duration{Duration: interval}
+		Expect(k8s.Patch(ctx, &bp, client.MergeFrom(base))).To(Succeed())
+	}
+
 	// pendingInAReport is a tenant of its own keeping one report, whose settled charge
 	// is confirmed only by a report written as a pass does, with the archive down (the
 	// confirmation waits in the report) and the tenant's provider down (its passes
@@ -250,26 +278,10 @@ var _ = Describe("confirmations in the report, with the archive on (docs/design.
 		ns := newTenant(hourly, func(bp *hooksv1alpha1.BillingProvider, _ *hooksv1alpha1.WebhookProvider) {
 			bp.Spec.Reconciliation.StuckAfter = &metav1.Duration{Duration: time.Second}
 		})
-		bs := settled(ns, "msg-conf-again", "job-conf-again")
-		confirmedVersion := version(bs)
-		base := bs.DeepCopy()
-		bs.Labels = map[string]string{"touched": "after-the-pass"}
-		Expect(k8s.Patch(ctx, bs, client.MergeFrom(base))).To(Succeed())
-		old := writeReport(ns, "conf-before-the-change", providerUID(ns), time.Now(), confirmedVersion)
-
-		// The provider's list was walked past it: the next pass lists nothing of it.
-		var bp hooksv1alpha1.BillingProvider
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fixtures.BillingProviderName}, &bp)).To(Succeed())
-		sbase := bp.DeepCopy()
-		past := metav1.NewTime(time.Now().Add(time.Hour))
-		bp.Status.ProviderListedUntil = &past
-		Expect(k8s.Status().Patch(ctx, &bp, client.MergeFrom(sbase))).To(Succeed())
+		bs, old := changedSinceConfirmed(ns, "msg-conf-again", "job-conf-again", "conf-before-the-change")
 		lookups := len(billing.CallsFor(bs.Spec.IdempotencyKey))
-		// A pass now (the interval shortened).
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fixtures.BillingProviderName}, &bp)).To(Succeed())
-		base2 := bp.DeepCopy()
-		bp.Spec.Reconciliation.Interval = &metav1.Duration{Duration: 2 * time.Second}
-		Expect(k8s.Patch(ctx, &bp, client.MergeFrom(base2))).To(Succeed())
+		// The provider's list was walked past it, and a pass comes now.
+		walkedPastEvery(ns, 2*time.Second)
 
 		gone(ns, bs.Name)
 		Expect(len(billing.CallsFor(bs.Spec.IdempotencyKey))).To(BeNumerically(">", lookups), "the pass asked the provider by key")
@@ -290,25 +302,11 @@ var _ = Describe("confirmations in the report, with the archive on (docs/design.
 			bp.Spec.Reconciliation.StuckAfter = &metav1.Duration{Duration: time.Second}
 			bp.Spec.Reconciliation.KeepReports = 1
 		})
-		bs := settled(ns, "msg-conf-waited", "job-conf-waited")
-		confirmedVersion := version(bs)
-		base := bs.DeepCopy()
-		bs.Labels = map[string]string{"touched": "after-the-pass"}
-		Expect(k8s.Patch(ctx, bs, client.MergeFrom(base))).To(Succeed())
-		old := writeReport(ns, "conf-waited-old", providerUID(ns), time.Now(), confirmedVersion)
-
-		// The provider's list was walked past it, and its lookups are rate limited.
-		var bp hooksv1alpha1.BillingProvider
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fixtures.BillingProviderName}, &bp)).To(Succeed())
-		sbase := bp.DeepCopy()
-		past := metav1.NewTime(time.Now().Add(time.Hour))
-		bp.Status.ProviderListedUntil = &past
-		Expect(k8s.Status().Patch(ctx, &bp, client.MergeFrom(sbase))).To(Succeed())
+		bs, old := changedSinceConfirmed(ns, "msg-conf-waited", "job-conf-waited", "conf-waited-old")
+		// Its lookups are rate limited; the provider's list was walked past it, and
+		// passes come every 2 s.
 		own.FailNextLookups(1000, http.StatusTooManyRequests)
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fixtures.BillingProviderName}, &bp)).To(Succeed())
-		base2 := bp.DeepCopy()
-		bp.Spec.Reconciliation.Interval = &metav1.Duration{Duration: 2 * time.Second}
-		Expect(k8s.Patch(ctx, &bp, client.MergeFrom(base2))).To(Succeed())
+		walkedPastEvery(ns, 2*time.Second)
 
 		// Passes go on (one report kept) while its lookup waits: the report confirming
 		// the old version is kept past keepReports, since it is what has a pass ask.
