@@ -208,6 +208,7 @@ type ReconciliationPolicy struct {
 
 // BillingProviderSpec configures one billing backend.
 // +kubebuilder:validation:XValidation:rule="self.endpoint.startsWith('https://') || self.allowInsecureHTTP",message="endpoint must use https:// unless allowInsecureHTTP is true"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.idempotencyWindow) || !has(self.idempotencyWindow) || duration(self.idempotencyWindow) <= duration(oldSelf.idempotencyWindow)",message="idempotencyWindow cannot be lengthened in place: the keys of charges already sent are kept by the provider for the old window, and inside the longer one a charge is resent without asking, so it could be charged again; create another BillingProvider (docs/runbook.md)"
 // +kubebuilder:validation:XValidation:rule="!has(self.stripe) || (has(self.type) && self.type == 'Stripe')",message="stripe settings apply to type Stripe only"
 // +kubebuilder:validation:XValidation:rule="has(self.metronome) == (has(self.type) && self.type == 'Metronome')",message="a Metronome provider needs spec.metronome (its meters), and spec.metronome applies to type Metronome only"
 // +kubebuilder:validation:XValidation:rule="has(self.openMeter) == (has(self.type) && self.type == 'OpenMeter')",message="openMeter is required for type OpenMeter and applies to it only: it maps each usage meter to its OpenMeter event type"
@@ -243,7 +244,8 @@ type BillingProviderSpec struct {
 
 	// idempotencyWindow is how long the provider remembers an idempotency key. Inside
 	// it a retry with the same key is safe; after it the provider is asked by key
-	// first, and only a "not found" allows a resubmission.
+	// first, and only a "not found" allows a resubmission. It may be shortened in place,
+	// never lengthened (the charges already sent were kept for the old window).
 	// +optional
 	// +kubebuilder:default="24h"
 	IdempotencyWindow *metav1.Duration `json:"idempotencyWindow,omitempty"`

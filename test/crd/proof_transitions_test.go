@@ -58,6 +58,20 @@ var _ = Describe("BillingProvider edits that would make earlier charges' answers
 		Expect(k8s.Update(ctx, dedup)).To(Succeed(), "no deduplication proves nothing by a resend")
 	})
 
+	It("refuses a provider's idempotencyWindow lengthened in place, and takes it shortened", func() {
+		bp := &hooksv1alpha1.BillingProvider{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "windowed"},
+			Spec: hooksv1alpha1.BillingProviderSpec{Endpoint: "https://billing.example.com",
+				CredentialsSecretRef: hooksv1alpha1.SecretKeyReference{Name: "token"},
+				IdempotencyWindow:    &metav1.Duration{Duration: time.Hour}}}
+		Expect(k8s.Create(ctx, bp)).To(Succeed())
+		bp.Spec.IdempotencyWindow = &metav1.Duration{Duration: 2 * time.Hour}
+		expectInvalid(k8s.Update(ctx, bp), "idempotencyWindow cannot be lengthened in place")
+		bp.Spec.IdempotencyWindow = nil
+		expectInvalid(k8s.Update(ctx, bp), "idempotencyWindow cannot be lengthened in place") // the default, 24h
+		bp.Spec.IdempotencyWindow = &metav1.Duration{Duration: 30 * time.Minute}
+		Expect(k8s.Update(ctx, bp)).To(Succeed(), "a shorter window resends less")
+	})
+
 	It("refuses a provider's type changed in place", func() {
 		bp := &hooksv1alpha1.BillingProvider{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "typed"},
 			Spec: hooksv1alpha1.BillingProviderSpec{Endpoint: "https://billing.example.com",

@@ -159,8 +159,13 @@ func allThreadsStopped(pid int) (bool, error) {
 			continue // a thread that just exited
 		}
 		// "tid (comm) S ...": the state follows the last parenthesis (comm may hold any).
+		// T is stopped, t stopped by a tracer; a thread that exited (Z, X) holds nothing.
 		rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
-		if f := strings.Fields(rest); len(f) == 0 || f[0] != "T" {
+		f := strings.Fields(rest)
+		if len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
+			continue
+		}
+		if len(f) == 0 || (f[0] != "T" && f[0] != "t") {
 			return false, nil
 		}
 	}
