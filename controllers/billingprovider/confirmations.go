@@ -67,11 +67,26 @@ func (r *Reconciler) confirmBeforePrune(ctx context.Context, bp *hooksv1alpha1.B
 		return nil, fmt.Errorf("list settlements: %w", err)
 	}
 	now := r.now()
-	waiting := r.lookups.state(bp.UID).changed
+	lookups := r.lookups.state(bp.UID)
+	// waits says whether a pass still has to ask about bs, which a pruned report
+	// confirmed at another version than it has: as the passes remember it, or, before
+	// a pass of this process got to its lookups (after a restart, or while every pass
+	// fails before them), from what is stored: settled, not confirmed, not going away,
+	// and no kept report confirming the version it has.
+	waits := func(bs *hooksv1alpha1.BillingSettlement) bool {
+		if lookups.ran {
+			return lookups.changed[bs.UID]
+		}
+		if bs.Status.State != hooksv1alpha1.SettlementSettled || confirmation.Confirmed(bs) || !bs.DeletionTimestamp.IsZero() {
+			return false
+		}
+		_, _, confirmed := confirmation.Find(kept, bp.UID, bs)
+		return !confirmed
+	}
 	for i := range settlements.Items {
 		bs := &settlements.Items[i]
 		pd, ok := byUID[bs.UID]
-		if ok && waiting[bs.UID] && pd.version != confirmation.Version(bs) && bs.Spec.BillingProviderRef == bp.Name {
+		if ok && pd.version != confirmation.Version(bs) && bs.Spec.BillingProviderRef == bp.Name && waits(bs) {
 			if held == nil {
 				held = map[string]bool{}
 			}

@@ -55,6 +55,10 @@ type lookupState struct {
 	// "changed since" may be pruned meanwhile: without this, one whose lookups waited
 	// longer than keepReports passes would never be confirmed again, nor archived.
 	changed map[types.UID]bool
+	// ran is true once a pass of this process got to its lookups for the provider:
+	// until then changed is not known, and pruning goes by what is stored
+	// (confirmBeforePrune).
+	ran bool
 }
 
 // state returns the provider's queue (an empty one before its first pass).
@@ -163,7 +167,7 @@ func (r *Reconciler) lookUpUnlisted(ctx context.Context, bp *hooksv1alpha1.Billi
 		return queue[i].bs.Name < queue[j].bs.Name
 	})
 
-	after := lookupState{asked: map[types.UID]time.Time{}, changed: map[types.UID]bool{}}
+	after := lookupState{asked: map[types.UID]time.Time{}, changed: map[types.UID]bool{}, ran: true}
 	defer func() { r.lookups.keep(bp.UID, after) }()
 	for _, w := range queue {
 		if t, ok := before.asked[w.bs.UID]; ok {
@@ -197,6 +201,7 @@ func (r *Reconciler) lookUpUnlisted(ctx context.Context, bp *hooksv1alpha1.Billi
 			continue
 		}
 		asked++
+		before := answers(p)
 		called, notYet, err := r.lookUp(ctx, bp, c, target, w.bs, p, now)
 		if notYet {
 			hold(w.bs) // asked again by the next pass
@@ -207,8 +212,10 @@ func (r *Reconciler) lookUpUnlisted(ctx context.Context, bp *hooksv1alpha1.Billi
 			wait(w.bs)
 			continue
 		}
-		if called && err == nil && !notYet {
+		if called && err == nil && !notYet && answers(p) > before {
 			// Answered: confirmed, or reported; a kept report says which from now on.
+			// (A lookup can also end in neither, e.g. a record under the key other than
+			// the one the settlement adopted: it stays remembered, and asked again.)
 			delete(after.changed, w.bs.UID)
 		}
 		if called {
@@ -237,6 +244,16 @@ func (r *Reconciler) lookUpUnlisted(ctx context.Context, bp *hooksv1alpha1.Billi
 		p.lookupsWait = fmt.Sprintf("%d lookups wait for the next pass: this pass asked its most (%d)", deferred, budget)
 	}
 	return nil
+}
+
+// answers counts what a pass concluded so far: findings reported and settlements
+// confirmed (into its report, or marked on the settlement past the report's cap).
+func answers(p *passState) int {
+	n := int(p.report.Discrepancies)
+	if p.confirmed != nil {
+		n += p.confirmed.Len() + int(p.confirmed.Marked)
+	}
+	return n
 }
 
 // lookUp asks the provider about one settled settlement by key and confirms or reports

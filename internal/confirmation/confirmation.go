@@ -152,6 +152,9 @@ func (s *Set) Add(reason string, bs *hooksv1alpha1.BillingSettlement) bool {
 	return true
 }
 
+// Len is how many settlements this pass confirmed into its report.
+func (s *Set) Len() int { return s.n }
+
 // Holds reports a settlement a kept report confirmed at exactly its current version:
 // the archiver counts it as confirmed (Find), so a pass need not ask about it again.
 func (s *Set) Holds(bs *hooksv1alpha1.BillingSettlement) bool {

@@ -399,14 +399,17 @@ func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, s.recordBody(rec))
 }
 
-func (s *Server) nextLookupFault() *fault {
+func (s *Server) nextLookupFault() *fault { return s.nextFaultOf(&s.lookupFaults) }
+
+// nextFaultOf takes the next fault of queue, nil when it is empty.
+func (s *Server) nextFaultOf(queue *[]fault) *fault {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.lookupFaults) == 0 {
+	if len(*queue) == 0 {
 		return nil
 	}
-	f := s.lookupFaults[0]
-	s.lookupFaults = s.lookupFaults[1:]
+	f := (*queue)[0]
+	*queue = (*queue)[1:]
 	s.calls.Faults++
 	return &f
 }
@@ -498,6 +501,10 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
 	s.count(func(c *CallCounts) { c.Lists++ })
 	if !s.authorized(r) {
 		writeError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token")
+		return
+	}
+	if f := s.nextFaultOf(&s.listFaults); f != nil {
+		writeError(w, f.status, "list_failed", "failed by fault injection")
 		return
 	}
 	var since time.Time

@@ -87,6 +87,7 @@ type Server struct {
 	// sorted caches the ledger in List order (nil: rebuild); new entries sort last.
 	sorted       []*entry
 	lookupFaults []fault         // consumed one per GET /settlements/{key}
+	listFaults   []fault         // consumed one per GET /settlements
 	minimal      bool            // lookups answer only id, status and the keys (see MinimalLookups)
 	omitNulls    bool            // records leave out their null fields (see SetOmitNulls)
 	log          []Call          // every §6.1 call, in order
@@ -381,11 +382,20 @@ func (s *Server) FailNextLookups(n int, status int) {
 	s.enqueueOn(&s.lookupFaults, n, fault{kind: faultFail, status: status})
 }
 
-// ClearLookupFaults drops the lookup faults not consumed yet.
+// ClearLookupFaults drops the lookup and list faults not consumed yet.
 func (s *Server) ClearLookupFaults() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.lookupFaults = nil
+	s.lookupFaults, s.listFaults = nil, nil
+}
+
+// FailNextLists makes the next n GET /settlements (the listing a reconciliation
+// pass walks) answer status (0 means 503) without listing anything.
+func (s *Server) FailNextLists(n int, status int) {
+	if status == 0 {
+		status = http.StatusServiceUnavailable
+	}
+	s.enqueueOn(&s.listFaults, n, fault{kind: faultFail, status: status})
 }
 
 // MinimalLookups makes lookups answer only id, status, idempotency_key and

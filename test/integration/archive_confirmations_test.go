@@ -331,10 +331,24 @@ var _ = Describe("confirmations in the report, with the archive on (docs/design.
 		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(old), &hooksv1alpha1.ReconciliationReport{})).To(Succeed(),
 			"the report confirming the old version is kept while the lookup waits")
 
-		// A restart forgets what the passes remembered; the kept report still says it
-		// must be asked.
+		// A restart forgets what the passes remembered, and the first passes after it
+		// fail before they get to their lookups (the provider's list fails): pruning
+		// then goes by what is stored, and the kept report still says it must be asked.
+		own.FailNextLists(2, http.StatusServiceUnavailable)
 		mgr.stop()
+		restarted := time.Now()
 		mgr = startManager(managerOptions{store: store, archiveAfter: 2 * time.Second})
+		Eventually(func() int {
+			failed := 0
+			for _, rr := range lookupReports(ns) {
+				if rr.Spec.WindowEnd.After(restarted) && rr.Status.Phase == hooksv1alpha1.ReportFailed {
+					failed++
+				}
+			}
+			return failed
+		}).WithTimeout(60*time.Second).Should(BeNumerically(">=", 1), "a pass after the restart failed at the list")
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(old), &hooksv1alpha1.ReconciliationReport{})).To(Succeed(),
+			"the report confirming the old version is kept by a pass that did not get to its lookups")
 		own.ClearLookupFaults()
 		gone(ns, bs.Name)
 		Expect(posts(own.CallsFor(bs.Spec.IdempotencyKey))).To(Equal(1), "one POST, nothing since")
