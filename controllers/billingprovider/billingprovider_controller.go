@@ -27,6 +27,7 @@ import (
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
 	"github.com/settlement-operator/settlement-operator/internal/archive"
+	"github.com/settlement-operator/settlement-operator/internal/archivedmemory"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/billing/adapters"
 	"github.com/settlement-operator/settlement-operator/internal/conditions"
@@ -111,8 +112,8 @@ type Reconciler struct {
 	// lookups remembers what each provider's lookups by key left for its next pass.
 	lookups lookupQueue
 	// archived remembers the provider records each pass found matching their archived
-	// settlement, so the next pass does not read them back again (archived_memory.go).
-	archived archivedMemory
+	// settlement, so the next pass does not read them back again (internal/archivedmemory).
+	archived archivedmemory.Memory
 	// usage remembers where each provider's last usage-totals comparison ended.
 	usage usageMarks
 }
@@ -383,7 +384,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, bp *hooksv1alpha1.Bill
 		r.Health.Forget(bp.UID)
 		r.findings.forget(bp.UID)
 		r.walks.take(bp.UID)
-		r.archived.drop(bp.UID)
+		r.archived.Drop(bp.UID)
 		r.lookups.drop(bp.UID)
 		ctrl.LoggerFrom(ctx).Info("no settlement holds the billing provider any more; deletion goes ahead")
 		return ctrl.Result{}, nil

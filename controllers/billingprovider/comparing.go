@@ -132,7 +132,7 @@ func (r *Reconciler) archivedJobNames(ctx context.Context, ns string, names []st
 // they do not prove (another record, other content, or a settlement archived as
 // Failed that the provider holds). An archived record is final, so nothing is
 // repaired automatically: a human looks. A record that compared clean before is not
-// read back again (archivedMemory).
+// read back again (archivedmemory.Memory).
 func (r *Reconciler) compareUnknown(ctx context.Context, bp *hooksv1alpha1.BillingProvider, recs []billing.Record, p *passState, now time.Time) error {
 	if len(recs) == 0 {
 		return nil
@@ -142,12 +142,12 @@ func (r *Reconciler) compareUnknown(ctx context.Context, bp *hooksv1alpha1.Billi
 	if r.Archive != nil {
 		if !r.Archive.Ready() || r.Archive.Behind() != "" {
 			// An archive that is behind may have lost what was compared: compare again.
-			r.archived.forget()
+			r.archived.Forget()
 		}
 		keys := make([]string, 0, len(recs))
 		changed := make([]billing.Record, 0, len(recs))
 		for _, rec := range recs {
-			if r.archived.clean(bp.UID, bp.Generation, rec, now) {
+			if r.archived.Clean(bp.UID, bp.Generation, rec, now) {
 				p.examined["ArchivedUnchanged"]++
 				continue
 			}
@@ -161,7 +161,7 @@ func (r *Reconciler) compareUnknown(ctx context.Context, bp *hooksv1alpha1.Billi
 		archived, err = r.Archive.SettlementsByIdempotencyKey(ctx, ns, keys)
 		metrics.NoteArchive("BillingSettlement", err)
 		if err != nil {
-			r.archived.forget()
+			r.archived.Forget()
 			return fmt.Errorf("%w: compare with the archive: %v", archivelookup.ErrUnavailable, err)
 		}
 		p.examined["Archived"] += int32(len(archived))
@@ -195,7 +195,7 @@ func (r *Reconciler) compareUnknown(ctx context.Context, bp *hooksv1alpha1.Billi
 					rec.ID, rec.Status, bs.Spec.IdempotencyKey, settlement.StateOrNew(bs.Status.State))})
 		default:
 			// Nothing to report: the same record compares the same way next time.
-			r.archived.remember(bp.UID, bp.Generation, rec, now)
+			r.archived.Remember(bp.UID, bp.Generation, rec, now)
 		}
 	}
 	return nil

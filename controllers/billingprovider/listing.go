@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hooksv1alpha1 "github.com/settlement-operator/settlement-operator/api/v1alpha1"
+	"github.com/settlement-operator/settlement-operator/internal/archivedmemory"
 	"github.com/settlement-operator/settlement-operator/internal/archivelookup"
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 	"github.com/settlement-operator/settlement-operator/internal/identity"
@@ -91,12 +92,12 @@ func (r *Reconciler) compareProvider(ctx context.Context, bp *hooksv1alpha1.Bill
 	}
 	// Records no pass has listed for an hour past the overlap are out of every window;
 	// an archive that changed may no longer hold what was compared.
-	r.archived.prune(bp.UID, now.Add(-reconciliationPolicyOf(bp).stuckAfter-time.Hour))
+	r.archived.Prune(bp.UID, now.Add(-reconciliationPolicyOf(bp).stuckAfter-time.Hour))
 	if r.Archive != nil {
 		if counter, err := r.Archive.InsertCounter(ctx); err != nil {
-			r.archived.forget()
+			r.archived.Forget()
 		} else {
-			r.archived.sameArchive(archiveState{changes: r.Archive.Changes(), counter: counter})
+			r.archived.SameArchive(archivedmemory.State{Changes: r.Archive.Changes(), Counter: counter})
 		}
 	}
 	seen := map[string]bool{}
@@ -175,7 +176,7 @@ func (r *Reconciler) compareProvider(ctx context.Context, bp *hooksv1alpha1.Bill
 		if next == "" {
 			p.listedAll = true
 			// What this walk did not list left the window for good.
-			r.archived.walkEnded(bp.UID, p.walkStarted)
+			r.archived.WalkEnded(bp.UID, p.walkStarted)
 			break
 		}
 		if pages >= r.maxListPages() {

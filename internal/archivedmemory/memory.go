@@ -1,4 +1,6 @@
-package billingprovider
+// Package archivedmemory is a reconciliation pass's memory of archived records
+// (docs/design.md §7): what it need not read back from the archive again.
+package archivedmemory
 
 import (
 	"crypto/sha256"
@@ -11,7 +13,7 @@ import (
 	"github.com/settlement-operator/settlement-operator/internal/billing"
 )
 
-// archivedMemory remembers, per BillingProvider, the provider records a pass compared
+// Memory remembers, per BillingProvider, the provider records a pass compared
 // with their archived settlement and found nothing to report about, by a hash of the
 // whole record. An archived settlement never changes, so the same record compares the
 // same way in the next pass: it is counted (examined.ArchivedUnchanged) without reading
@@ -31,25 +33,25 @@ import (
 // too (walks cut short for ever), and a deleted BillingProvider's records with it. It
 // lives in memory: after a restart or a change of leader the first pass compares
 // everything again.
-type archivedMemory struct {
+type Memory struct {
 	mu         sync.Mutex
 	byProvider map[types.UID]*archivedClean
-	archive    archiveState
+	archive    State
 }
 
-// archiveState is what the memory was built against: the archive's changes count
+// State is what the memory was built against: the archive's changes count
 // (archive.Store.Changes) and the highest insert counter a pass read.
-type archiveState struct {
-	changes uint64
-	counter int64
+type State struct {
+	Changes uint64
+	Counter int64
 }
 
-// sameArchive forgets everything unless the archive is the one the memory was built
+// SameArchive forgets everything unless the archive is the one the memory was built
 // against: no change since, and an insert counter that did not go back.
-func (m *archivedMemory) sameArchive(now archiveState) {
+func (m *Memory) SameArchive(now State) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if now.changes != m.archive.changes || now.counter < m.archive.counter {
+	if now.Changes != m.archive.Changes || now.Counter < m.archive.Counter {
 		m.byProvider = nil
 	}
 	m.archive = now
@@ -68,7 +70,7 @@ func recordHash(rec billing.Record) [32]byte {
 
 // clean reports whether rec compared clean with its archived settlement before, under
 // this generation of the provider; a known record is marked seen now.
-func (m *archivedMemory) clean(uid types.UID, generation int64, rec billing.Record, now time.Time) bool {
+func (m *Memory) Clean(uid types.UID, generation int64, rec billing.Record, now time.Time) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.byProvider[uid]
@@ -84,7 +86,7 @@ func (m *archivedMemory) clean(uid types.UID, generation int64, rec billing.Reco
 }
 
 // remember notes that rec compared clean with its archived settlement.
-func (m *archivedMemory) remember(uid types.UID, generation int64, rec billing.Record, now time.Time) {
+func (m *Memory) Remember(uid types.UID, generation int64, rec billing.Record, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.byProvider == nil {
@@ -99,7 +101,7 @@ func (m *archivedMemory) remember(uid types.UID, generation int64, rec billing.R
 }
 
 // prune forgets the provider's records no pass has listed since before.
-func (m *archivedMemory) prune(uid types.UID, before time.Time) {
+func (m *Memory) Prune(uid types.UID, before time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if c := m.byProvider[uid]; c != nil {
@@ -114,19 +116,19 @@ func (m *archivedMemory) prune(uid types.UID, before time.Time) {
 // walkEnded forgets the provider's records that a walk of its listing, started at
 // started and now ended, did not list: every record the walk listed was marked seen at
 // or after its start.
-func (m *archivedMemory) walkEnded(uid types.UID, started time.Time) {
-	m.prune(uid, started)
+func (m *Memory) WalkEnded(uid types.UID, started time.Time) {
+	m.Prune(uid, started)
 }
 
 // drop forgets one provider (it was deleted).
-func (m *archivedMemory) drop(uid types.UID) {
+func (m *Memory) Drop(uid types.UID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.byProvider, uid)
 }
 
 // forget drops everything remembered about every provider.
-func (m *archivedMemory) forget() {
+func (m *Memory) Forget() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.byProvider = nil

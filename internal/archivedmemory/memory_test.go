@@ -1,4 +1,4 @@
-package billingprovider
+package archivedmemory
 
 import (
 	"fmt"
@@ -21,50 +21,50 @@ func TestArchivedMemoryForgetsWhatAChangedArchiveMayNotHold(t *testing.T) {
 	now := time.Date(2026, 12, 6, 8, 0, 0, 0, time.UTC)
 	rec := billing.Record{ID: "st_1", Status: billing.StatusSettled, IdempotencyKey: "k1", SettlementKey: "ns/p/1"}
 	store := &archive.Store{}
-	var m archivedMemory
-	pass := func(counter int64) { m.sameArchive(archiveState{changes: store.Changes(), counter: counter}) }
+	var m Memory
+	pass := func(counter int64) { m.SameArchive(State{Changes: store.Changes(), Counter: counter}) }
 
 	pass(100)
-	m.remember(uid, gen, rec, now)
+	m.Remember(uid, gen, rec, now)
 	pass(101)
-	if !m.clean(uid, gen, rec, now) {
+	if !m.Clean(uid, gen, rec, now) {
 		t.Fatal("a record compared clean, with nothing changed since, must not be read back again")
 	}
 	changed := rec
 	changed.Status = billing.StatusPending
-	if m.clean(uid, gen, changed, now) || m.clean(uid, gen+1, rec, now) {
+	if m.Clean(uid, gen, changed, now) || m.Clean(uid, gen+1, rec, now) {
 		t.Fatal("a changed record, or a changed spec, must be compared again")
 	}
 
 	store.SetBehind("a row the cluster read back is missing")
 	store.SetBehind("") // a person confirmed the restore before the next pass
 	pass(101)
-	if m.clean(uid, gen, rec, now) {
+	if m.Clean(uid, gen, rec, now) {
 		t.Fatal("after the archive was found behind, a record must be compared again, even if no pass saw it behind")
 	}
 
-	m.remember(uid, gen, rec, now)
+	m.Remember(uid, gen, rec, now)
 	pass(90) // restored to an earlier point
-	if m.clean(uid, gen, rec, now) {
+	if m.Clean(uid, gen, rec, now) {
 		t.Fatal("after the insert counter went back, a record must be compared again")
 	}
 
-	m.remember(uid, gen, rec, now)
+	m.Remember(uid, gen, rec, now)
 	store.Hold(nil)
 	pass(90)
-	if m.clean(uid, gen, rec, now) {
+	if m.Clean(uid, gen, rec, now) {
 		t.Fatal("after the archive was held or released, a record must be compared again")
 	}
 
-	m.remember(uid, gen, rec, now)
-	m.drop(uid)
-	if m.clean(uid, gen, rec, now) || len(m.byProvider) != 0 {
+	m.Remember(uid, gen, rec, now)
+	m.Drop(uid)
+	if m.Clean(uid, gen, rec, now) || len(m.byProvider) != 0 {
 		t.Fatal("a deleted provider's records must be dropped")
 	}
 
-	m.remember(uid, gen, rec, now)
-	m.prune(uid, now.Add(time.Second))
-	if m.clean(uid, gen, rec, now) {
+	m.Remember(uid, gen, rec, now)
+	m.Prune(uid, now.Add(time.Second))
+	if m.Clean(uid, gen, rec, now) {
 		t.Fatal("a record no pass listed since the cut-off must be forgotten")
 	}
 }
@@ -76,7 +76,7 @@ func TestArchivedMemoryForgetsWhatAChangedArchiveMayNotHold(t *testing.T) {
 func TestArchivedMemoryHoldsOneWindow(t *testing.T) {
 	const uid, gen = types.UID("bp-1"), int64(1)
 	start := time.Date(2026, 12, 6, 8, 0, 0, 0, time.UTC)
-	var m archivedMemory
+	var m Memory
 	rec := func(i int) billing.Record {
 		return billing.Record{ID: fmt.Sprintf("st_%d", i), Status: billing.StatusSettled, IdempotencyKey: fmt.Sprintf("k%d", i)}
 	}
@@ -85,15 +85,15 @@ func TestArchivedMemoryHoldsOneWindow(t *testing.T) {
 	for pass := 0; pass < 50; pass++ {
 		now := start.Add(time.Duration(pass) * 5 * time.Second)
 		for i := 0; i < perPass; i++ { // newly archived records, compared once
-			m.remember(uid, gen, rec(next), now)
+			m.Remember(uid, gen, rec(next), now)
 			next++
 		}
 		for i := max(0, next-window*perPass); i < next-perPass; i++ { // listed again, still in the window
-			if !m.clean(uid, gen, rec(i), now) {
+			if !m.Clean(uid, gen, rec(i), now) {
 				t.Fatalf("pass %d: record %d, listed in every pass of the window, was forgotten", pass, i)
 			}
 		}
-		m.walkEnded(uid, now)
+		m.WalkEnded(uid, now)
 		if n := m.size(uid); n > window*perPass {
 			t.Fatalf("pass %d: %d records remembered, want at most one window (%d)", pass, n, window*perPass)
 		}
@@ -101,16 +101,16 @@ func TestArchivedMemoryHoldsOneWindow(t *testing.T) {
 
 	// A walk cut into several passes keeps what any of its passes listed.
 	walk := start.Add(time.Hour)
-	m.remember(uid, gen, rec(1000), walk)
-	m.remember(uid, gen, rec(1001), walk.Add(5*time.Second))
-	m.walkEnded(uid, walk)
-	if !m.clean(uid, gen, rec(1000), walk) || !m.clean(uid, gen, rec(1001), walk) {
+	m.Remember(uid, gen, rec(1000), walk)
+	m.Remember(uid, gen, rec(1001), walk.Add(5*time.Second))
+	m.WalkEnded(uid, walk)
+	if !m.Clean(uid, gen, rec(1000), walk) || !m.Clean(uid, gen, rec(1001), walk) {
 		t.Fatal("a record listed in any pass of the ended walk must be kept")
 	}
 }
 
 // size is how many records are remembered for the provider.
-func (m *archivedMemory) size(uid types.UID) int {
+func (m *Memory) size(uid types.UID) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if c := m.byProvider[uid]; c != nil {
